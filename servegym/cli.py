@@ -1,0 +1,200 @@
+"""The ``servegym`` command.
+
+Every error a user can cause ends in one line naming what is wrong and exit code 2
+(:class:`servegym.errors.UserError`); nothing here prints a traceback for one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from servegym.errors import UserError
+
+app = typer.Typer(
+    name="servegym",
+    help="ServeGym: a benchmark of AI agents as LLM-serving engineers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+workload_app = typer.Typer(help="List and inspect workloads.", no_args_is_help=True)
+app.add_typer(workload_app, name="workload")
+
+console = Console()
+err_console = Console(stderr=True)
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="override a workload field: key=value (repeatable)"),
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="workload seed")]
+RequestsOption = Annotated[
+    int | None,
+    typer.Option("--requests", min=1, help="number of requests (sessions, for agentic)"),
+]
+ScaleOption = Annotated[
+    float | None,
+    typer.Option("--scale", min=0.0, help="multiply every token length (0.05: 1000 -> 50)"),
+]
+
+
+@workload_app.command("list")
+def workload_list() -> None:
+    """List the workloads that ship with ServeGym."""
+    from servegym.cli_render import render_workload_list
+    from servegym.workloads.registry import list_workloads
+
+    console.print(render_workload_list(list_workloads()))
+
+
+@workload_app.command("show")
+def workload_show(
+    name: Annotated[str, typer.Argument(help="workload name or path to a .toml file")],
+    seed: SeedOption = 0,
+    set_: SetOption = None,
+    requests: RequestsOption = None,
+    scale: ScaleOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Materialise a workload and show its counts, length percentiles and content hash."""
+    from servegym.cli_render import render_workload_summary
+    from servegym.workloads.generate import materialise
+    from servegym.workloads.registry import load_spec
+    from servegym.workloads.summary import summarise
+
+    spec, base_dir = load_spec(name, set_ or [], requests=requests, scale=scale)
+    summary = summarise(materialise(spec, seed, base_dir=base_dir))
+    if as_json:
+        sys.stdout.write(summary.model_dump_json(indent=2) + "\n")
+    else:
+        console.print(render_workload_summary(spec, seed, summary))
+
+
+@app.command("mock-server")
+def mock_server(
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="0 picks a free port")
+    ] = 8000,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms", min=0.0)] = 50.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms", min=0.0)] = 10.0,
+    tokens_per_chunk: Annotated[int, typer.Option("--tokens-per-chunk", min=1)] = 1,
+    model: Annotated[str, typer.Option("--model", help="model name served")] = "mock",
+    any_model: Annotated[
+        bool, typer.Option("--any-model", help="accept any model name in requests")
+    ] = False,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fault",
+            help="fault for every request, e.g. error_after=3 or empty_first_chunk (repeatable)",
+        ),
+    ] = None,
+) -> None:
+    """Run a local OpenAI-compatible streaming server with known, exact timing."""
+    from servegym.loadgen.mock_server import main as mock_main
+
+    argv = [
+        "--host", host, "--port", str(port), "--ttft-ms", str(ttft_ms),
+        "--itl-ms", str(itl_ms), "--tokens-per-chunk", str(tokens_per_chunk), "--model", model,
+    ]  # fmt: skip
+    if any_model:
+        argv.append("--any-model")
+    for f in fault or []:
+        argv += ["--fault", f]
+    raise typer.Exit(mock_main(argv))
+
+
+@app.command("bench")
+def bench(
+    workload: Annotated[str, typer.Option("--workload", help="workload name or .toml path")],
+    out: Annotated[Path, typer.Option("--out", help="folder for metrics.json, requests.jsonl")],
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="model name (default: the server's first)")
+    ] = None,
+    mock: Annotated[
+        str | None,
+        typer.Option(
+            "--mock",
+            help="start a local mock server for this run instead of --base-url, "
+            "e.g. 'ttft_ms=50,itl_ms=10'",
+        ),
+    ] = None,
+    seed: SeedOption = 0,
+    set_: SetOption = None,
+    requests: RequestsOption = None,
+    scale: ScaleOption = None,
+    sla: Annotated[
+        str | None, typer.Option("--sla", help="SLOs, e.g. ttft_ms=200,tpot_ms=50,e2e_ms=10000")
+    ] = None,
+    price_per_hour: Annotated[
+        float | None, typer.Option("--price-per-hour", min=0.0, help="$ per GPU-hour")
+    ] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs the server uses")] = 1,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option("--tokenizer", help="tokenizer.json (or its folder) for recounts and text"),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.001, help="per-request timeout, seconds")
+    ] = 600.0,
+    keep_outputs: Annotated[
+        bool, typer.Option("--keep-outputs", help="store output text and ids in requests.jsonl")
+    ] = False,
+) -> None:
+    """Run a workload against an OpenAI-compatible server and write its metrics."""
+    from servegym.bench import BenchRequest, run_bench
+    from servegym.cli_render import render_metrics
+    from servegym.scoring.metrics import SLA, Price
+
+    if (base_url is None) == (mock is None):
+        raise UserError("give exactly one of --base-url URL or --mock SETTINGS")
+    request = BenchRequest(
+        workload=workload,
+        overrides=set_ or [],
+        seed=seed,
+        requests=requests,
+        scale=scale,
+        base_url=base_url,
+        mock=mock,
+        model=model,
+        sla=SLA.parse(sla) if sla else None,
+        price=Price(price_per_hour=price_per_hour, gpus=gpus)
+        if price_per_hour is not None
+        else None,
+        tokenizer=tokenizer,
+        timeout_s=timeout,
+        keep_outputs=keep_outputs,
+        out=out,
+    )
+    outcome = run_bench(request, console=err_console)
+    console.print(render_metrics(outcome.metrics, title=outcome.title))
+    console.print(f"wrote {outcome.metrics_path} and {outcome.requests_path}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning user errors into one line and exit code 2.
+
+    Usage errors (a bad flag or flag value) are Typer's own: one message, exit code 2.
+    """
+    try:
+        app()
+    except UserError as e:
+        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

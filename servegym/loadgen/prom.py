@@ -1,0 +1,72 @@
+"""Scraping a server's Prometheus ``/metrics`` and taking before/after deltas.
+
+Only cumulative samples are kept: counters (``*_total``, or a counter's bare name) and the
+``_sum`` and ``_count`` of histograms and summaries. Their after-minus-before difference is
+what the server did during a run (tokens processed, requests finished, summed latencies).
+Gauges and buckets are left out. A sample's key is its name with its labels, sorted, as
+Prometheus writes them: ``vllm:prompt_tokens_total{model_name="m"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+_CUMULATIVE_SUFFIXES = {
+    "counter": ("_total", ""),
+    "histogram": ("_sum", "_count"),
+    "gaugehistogram": ("_gsum", "_gcount"),
+    "summary": ("_sum", "_count"),
+}
+
+
+def sample_key(name: str, labels: dict[str, str]) -> str:
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{labels[k]}"' for k in sorted(labels))
+    return f"{name}{{{inner}}}"
+
+
+def parse_cumulative(text: str) -> dict[str, float]:
+    """The cumulative samples (see the module docstring) of a Prometheus text exposition.
+
+    Raises ``ValueError`` when the text is not valid Prometheus text.
+    """
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        suffixes = _CUMULATIVE_SUFFIXES.get(family.type)
+        if suffixes is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if any(sample.name.endswith(s) for s in suffixes):
+                out[sample_key(sample.name, sample.labels)] = float(sample.value)
+    return out
+
+
+def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """``after - before`` for every sample in ``after`` (a new sample counts from 0).
+
+    Empty when either scrape is missing.
+    """
+    if before is None or after is None:
+        return {}
+    return {k: v - before.get(k, 0.0) for k, v in sorted(after.items())}
+
+
+async def scrape(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float = 5.0
+) -> dict[str, float] | None:
+    """Fetch and parse ``<base_url>/metrics``; ``None`` when absent or unreadable."""
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        async with asyncio.timeout(timeout_s), session.get(url) as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text(errors="replace")
+        return parse_cumulative(text)
+    except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
+        return None
