@@ -251,9 +251,21 @@ async def test_result_fields_and_round_trip(
 async def test_client_bound_is_reported(
     mock_server: MockServer, make_single_turn: Callable[..., Workload]
 ) -> None:
-    res = await run(mock_server, make_single_turn(20), max_send_lag_ms=1e-6)
+    paced = make_single_turn(20, offsets=[i * 0.002 for i in range(20)])
+    res = await run(mock_server, paced, max_send_lag_ms=1e-6)
     assert res.loadgen.client_bound
     assert res.loadgen.reason is not None and "p99 send lag" in res.loadgen.reason
+    assert res.loadgen.burst_requests == 0
+
+
+async def test_offline_burst_is_reported_apart_and_not_client_bound(
+    mock_server: MockServer, make_single_turn: Callable[..., Workload]
+) -> None:
+    """All requests at t=0 cannot leave at once: their lag is burst send time, not lag."""
+    res = await run(mock_server, make_single_turn(50), max_send_lag_ms=1e-6)
+    assert res.loadgen.burst_requests == 50
+    assert res.loadgen.burst_send_ms_max > 0
+    assert not res.loadgen.client_bound
 
 
 async def test_registered_as_http_target(mock_factory: MockFactory) -> None:

@@ -80,7 +80,8 @@ class RequestRecord(BaseModel):
 class LoadgenStats(BaseModel):
     """The load generator's measurement of itself.
 
-    ``send_lag_ms_*`` are over (sent - scheduled) of every request; ``loop_lag_ms_*`` over the
+    ``send_lag_ms_*`` are over (sent - scheduled) of every paced request (bursts of requests
+    scheduled at one instant are reported apart, as ``burst_*``); ``loop_lag_ms_*`` over the
     oversleep of a probe task that wakes every ``loop_probe_interval_ms``; ``cpu_fraction`` is
     the process CPU time over wall time. ``client_bound`` is true when the generator could
     not keep its schedule (p99 send lag over ``max_send_lag_ms``), so its latencies partly
@@ -100,6 +101,12 @@ class LoadgenStats(BaseModel):
     max_send_lag_ms: float = 5.0
     client_bound: bool = False
     reason: str | None = None
+    burst_requests: int = Field(
+        default=0, description="requests sharing their scheduled instant (offline, loop start)"
+    )
+    burst_send_ms_max: float = Field(
+        default=0.0, description="longest a burst request waited to be sent, ms"
+    )
 
 
 class RunResult(BaseModel):
