@@ -6,6 +6,10 @@ within 0.1 ms. :class:`PreciseScheduler` waits coarsely until ``spin_ns`` before
 then yield-spins (``await asyncio.sleep(0)``) until it. One scheduler task does the spinning
 for every waiter, so a thousand concurrent waiters cost one spinner, not a thousand.
 
+The spin window adapts: a coarse wake that comes late (on a virtual machine an idle CPU can
+take several milliseconds to wake) widens the window to cover the lateness seen lately (a
+slowly decaying maximum), so low request rates keep their schedule as well as high ones.
+
 Deadlines are absolute ``time.perf_counter_ns()`` values: callers compute each deadline
 from a fixed origin, never by accumulating sleeps, so errors never add up.
 """
@@ -20,6 +24,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 
 DEFAULT_SPIN_NS = 1_500_000
+MAX_SPIN_NS = 20_000_000
 
 
 def _release(fut: asyncio.Future[None]) -> None:
@@ -36,6 +41,7 @@ class PreciseScheduler:
 
     def __init__(self, spin_ns: int = DEFAULT_SPIN_NS) -> None:
         self.spin_ns = spin_ns
+        self._late_ns = 0.0  # decaying maximum of coarse-wake lateness
         self._heap: list[tuple[int, int, Callable[[], object]]] = []
         self._seq = itertools.count()
         self._wake: asyncio.Future[None] | None = None
@@ -68,8 +74,8 @@ class PreciseScheduler:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         heap = self._heap
-        spin = self.spin_ns
         while True:
+            spin = max(self.spin_ns, min(int(self._late_ns * 1.5) + 200_000, MAX_SPIN_NS))
             if not heap:
                 self._wake = loop.create_future()
                 await self._wake
@@ -88,9 +94,12 @@ class PreciseScheduler:
                         )
             elif remaining > spin:
                 wake = self._wake = loop.create_future()
+                planned = now + remaining - spin
                 handle = loop.call_later((remaining - spin) / 1e9, _release, wake)
                 await wake
                 handle.cancel()
                 self._wake = None
+                late = perf_counter_ns() - planned  # < 0 when a new deadline re-planned it
+                self._late_ns = max(float(late), self._late_ns * 0.98)
             else:
                 await asyncio.sleep(0)
