@@ -11,16 +11,15 @@ quoted strings, arrays, inline tables) and as plain strings otherwise, so
 from __future__ import annotations
 
 import tomllib
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from servegym.errors import UserError
+from servegym.overrides import apply_override, default_table, validation_message
 from servegym.paths import data_dir
 from servegym.workloads.spec import WorkloadSpec
 
@@ -78,104 +77,6 @@ def _resolve(name_or_path: str) -> Path:
     raise UserError(f"unknown workload '{name_or_path}'; known workloads: {known}")
 
 
-def _parse_value(text: str) -> Any:
-    """A TOML literal when ``text`` is one, otherwise the text itself as a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text.strip()
-
-
-def _submodel(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside a field's annotation (``X``, ``X | None``), if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin is typing.Union or origin is types.UnionType:
-        for arg in typing.get_args(annotation):
-            found = _submodel(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def _default_table(model: type[BaseModel], key: str) -> dict[str, Any]:
-    """The default value of ``model.key`` as a table, to fill in before overriding a part
-    of it (so ``agentic.turns.median=10`` keeps the rest of the default distribution)."""
-    field = model.model_fields[key]
-    default = field.get_default(call_default_factory=True)
-    if isinstance(default, BaseModel):
-        return default.model_dump()
-    sub = _submodel(field.annotation)
-    if sub is not None:
-        try:
-            return sub().model_dump()
-        except ValidationError:
-            return {}  # a table with required fields (e.g. [trace]): start empty
-    return {}
-
-
-def apply_override(raw: dict[str, Any], override: str) -> None:
-    """Apply one ``dotted.key=value`` override to ``raw`` (a workload file's table)."""
-    if "=" not in override:
-        raise UserError(f"--set '{override}' needs the form key=value")
-    key, _, text = override.partition("=")
-    key = key.strip()
-    parts = key.split(".")
-    if not key or any(not p.strip() for p in parts):
-        raise UserError(f"--set '{override}': empty key")
-    parts = [p.strip() for p in parts]
-    model: type[BaseModel] = WorkloadSpec
-    table = raw
-    for depth, part in enumerate(parts):
-        where = ".".join(parts[:depth]) or "the top level"
-        if part not in model.model_fields:
-            keys = ", ".join(sorted(model.model_fields))
-            raise UserError(f"--set {key}: unknown key '{part}' under {where}; keys there: {keys}")
-        if depth == len(parts) - 1:
-            table[part] = _parse_value(text)
-            return
-        sub = _submodel(model.model_fields[part].annotation)
-        if sub is None:
-            raise UserError(
-                f"--set {key}: '{'.'.join(parts[: depth + 1])}' is a value, not a table"
-            )
-        current = table.get(part)
-        if not isinstance(current, dict):
-            current = _default_table(model, part)
-            table[part] = current
-        table = current
-        model = sub
-
-
-def _validation_message(e: ValidationError, path: Path, overrides: Sequence[str]) -> str:
-    errors = e.errors()
-    first = errors[0]
-    loc = ".".join(str(x) for x in first["loc"])
-    reason = first["msg"].removeprefix("Value error, ")
-    # An override is to blame when it set the failing field or a field inside the failing
-    # table (a table's own check, such as "poisson needs rate", fails at the table).
-    flagged = [
-        o
-        for o in overrides
-        if "=" in o
-        and loc
-        and (
-            (loc + ".").startswith(o.partition("=")[0].strip() + ".")
-            or (o.partition("=")[0].strip() + ".").startswith(loc + ".")
-        )
-    ]
-    if flagged:
-        where = f"--set {flagged[-1]}"
-    elif not loc and overrides:
-        where = f"{path} with --set {' '.join(overrides)}"
-    else:
-        where = str(path)
-    field = f"'{loc}'" if loc else "the workload"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: bad value for {field}: {reason}{more}"
-
-
 def load_spec(
     name_or_path: str,
     overrides: Sequence[str] = (),
@@ -196,14 +97,14 @@ def load_spec(
     raw = _read_toml(path)
     raw.setdefault("name", path.stem)
     for override in overrides:
-        apply_override(raw, override)
+        apply_override(raw, override, WorkloadSpec)
     if requests is not None:
         if requests < 1:
             raise UserError(f"--requests must be at least 1, got {requests}")
         old = raw.get("num_requests", WorkloadSpec.model_fields["num_requests"].default)
         agentic = raw.get("agentic")
         if raw.get("kind") == "agentic" and isinstance(agentic, dict):
-            default_total = _default_table(WorkloadSpec, "agentic").get("total_turns")
+            default_total = default_table(WorkloadSpec, "agentic").get("total_turns")
             total = agentic.get("total_turns", default_total)
             if isinstance(total, int) and isinstance(old, int) and old > 0:
                 agentic["total_turns"] = max(requests, round(total * requests / old))
@@ -215,5 +116,5 @@ def load_spec(
     try:
         spec = WorkloadSpec.model_validate(raw)
     except ValidationError as e:
-        raise UserError(_validation_message(e, path, overrides)) from None
+        raise UserError(validation_message(e, str(path), overrides)) from None
     return spec, path.resolve().parent
