@@ -8,8 +8,6 @@ computed, so a failure in a later step never loses a finished run.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -32,8 +30,8 @@ from rich.progress import (
 )
 
 from servegym.errors import UserError
-from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
+from servegym.run_folder import prepare_out, write_json, write_records, write_text_atomic
 from servegym.scoring.metrics import SLA, Metrics, Price, compute_metrics
 
 
@@ -148,30 +146,6 @@ async def _first_model(base_url: str) -> str:
         raise UserError(f"--model: {url} lists no model; pass --model NAME") from None
 
 
-def _prepare_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out: cannot create {out}: {e.strerror}") from None
-
-
-def _write_records(result: RunResult, path: Path) -> None:
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as f:
-        for rec in result.records:
-            f.write(rec.model_dump_json())
-            f.write("\n")
-    os.replace(tmp, path)
-
-
-def _write_json(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOutcome:
     """Materialise the workload, drive it, and write the run folder."""
     from servegym.loadgen.eventloop import run as run_async
@@ -188,7 +162,7 @@ def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOut
         from servegym.workloads.text import load_tokenizer
 
         load_tokenizer(request.tokenizer)  # fail early, naming --tokenizer
-    _prepare_out(request.out)
+    prepare_out(request.out)
     workload = materialise(spec, request.seed, base_dir=base_dir)
     workload_hash = workload.content_hash()
 
@@ -211,7 +185,7 @@ def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOut
             "price": request.price.model_dump() if request.price else None,
             "argv": sys.argv[1:],
         }
-        _write_json(request.out / "run.json", json.dumps(meta, indent=2))
+        write_json(request.out / "run.json", meta)
         total = workload.num_turns
         with Progress(
             TextColumn(f"[bold]{spec.name}[/] → {base_url}"),
@@ -230,10 +204,10 @@ def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOut
             result = run_async(HttpTarget(base_url).run(workload, options, on_progress))
 
     requests_path = request.out / "requests.jsonl"
-    _write_records(result, requests_path)
+    write_records(result, requests_path)
     metrics = compute_metrics(result, sla=request.sla, price=request.price)
     metrics_path = request.out / "metrics.json"
-    _write_json(metrics_path, metrics.model_dump_json(indent=2))
+    write_text_atomic(metrics_path, metrics.model_dump_json(indent=2) + "\n")
     title = f"{spec.name} (seed {request.seed}) on {model}"
     return BenchOutcome(metrics, metrics_path, requests_path, title)
 

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from servegym.engines.sim.engine import SimStats
     from servegym.scoring.metrics import Metrics, Percentiles
     from servegym.workloads.registry import WorkloadInfo
     from servegym.workloads.spec import WorkloadSpec
@@ -34,6 +35,11 @@ def _fmt(value: float | int | str | None, digits: int = 1) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:,.{digits}f}"
+
+
+def _digits(value: float) -> int:
+    """Fewer decimals for larger numbers, so tables stay narrow."""
+    return 2 if abs(value) < 100 else 1 if abs(value) < 10_000 else 0
 
 
 _SHOWN_IN_HEADER = {"name", "kind", "seed", "arrival", "content_hash"}
@@ -89,7 +95,7 @@ def render_metrics(m: Metrics, title: str = "metrics") -> Group:
     def row(name: str, p: Percentiles) -> None:
         lat.add_row(
             name,
-            *(_fmt(v, 2) for v in (p.mean, p.p50, p.p90, p.p95, p.p99, p.p99_9)),
+            *(_fmt(v, _digits(v)) for v in (p.mean, p.p50, p.p90, p.p95, p.p99, p.p99_9)),
         )
 
     row("TTFT", m.ttft_ms)
@@ -133,3 +139,72 @@ def render_metrics(m: Metrics, title: str = "metrics") -> Group:
         worst = sorted(m.errors.items(), key=lambda kv: -kv[1])[:3]
         parts.append(Text("errors: " + "; ".join(f"{n} x {msg}" for msg, n in worst), style="red"))
     return Group(*parts)
+
+
+def render_sim_stats(stats: SimStats) -> Table:
+    """The engine-side figures of a simulated run."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_row("GPUs", str(stats.num_gpus))
+    t.add_row("start-up (simulated)", f"{stats.startup_s:,.1f} s")
+    t.add_row("KV capacity", f"{stats.kv_capacity_tokens:,} tokens ({stats.kv_blocks:,} blocks)")
+    t.add_row("peak KV usage", f"{stats.peak_kv_usage:.1%}")
+    t.add_row("preemptions", f"{stats.preemptions:,}")
+    hit = stats.prefix_cache_hit_rate
+    t.add_row("prefix-cache hit rate", "-" if hit is None else f"{hit:.1%}")
+    t.add_row("mean batch size", f"{stats.mean_batch_size:,.1f}")
+    t.add_row("modelled accuracy", f"{stats.accuracy_ratio:.3f} of bf16")
+    for note in stats.notes:
+        t.add_row("note", note)
+    return t
+
+
+def render_sim_catalogue(model: str | None, hardware: str | None) -> Group:
+    """Models, hardware and serving knobs with their (vLLM) defaults."""
+    from servegym.engines.sim.defaults import KNOBS, knob_defaults
+    from servegym.engines.sim.profiles import (
+        get_hardware,
+        get_model,
+        hardware_profiles,
+        model_profiles,
+    )
+
+    models = Table(title="models (--model)", title_justify="left")
+    for c in ("id", "parameters", "layers", "KV heads", "max len", "draft"):
+        models.add_column(c)
+    for m in model_profiles().values():
+        models.add_row(
+            m.id,
+            f"{m.num_parameters / 1e9:.1f} B",
+            str(m.num_layers),
+            str(m.num_kv_heads),
+            f"{m.max_position_embeddings:,}",
+            m.draft_model or "-",
+        )
+    hw = Table(title="hardware (--hardware)", title_justify="left")
+    for c in ("id", "name", "memory", "HBM", "BF16 dense", "FP8 dense", "$/GPU-h"):
+        hw.add_column(c)
+    for h in hardware_profiles().values():
+        hw.add_row(
+            h.id,
+            h.name,
+            f"{h.memory_gib:.0f} GiB",
+            f"{h.hbm_bandwidth_tbs:.2f} TB/s",
+            f"{h.peak_tflops.bf16:,.0f} TFLOP/s",
+            "-" if h.peak_tflops.fp8 is None else f"{h.peak_tflops.fp8:,.0f} TFLOP/s",
+            f"{h.price_per_hour:.2f}",
+        )
+    resolved: dict[str, object] = {}
+    where = ""
+    if model and hardware:
+        resolved = knob_defaults(get_model(model), get_hardware(hardware))
+        where = f" on {model} @ {hardware}"
+    knobs = Table(title=f"serving knobs (--set knob=value){where}", title_justify="left")
+    knobs.add_column("knob", style="bold")
+    knobs.add_column("default")
+    knobs.add_column("what it does", overflow="fold")
+    for k in KNOBS:
+        default = str(resolved[k.name]) if k.name in resolved else k.default
+        knobs.add_row(k.name, default, k.help)
+    return Group(models, Text(""), hw, Text(""), knobs)

@@ -52,7 +52,10 @@ class Target(Protocol):
 
 _TARGETS: dict[str, Callable[..., Target]] = {}
 
-_BUILTIN_MODULES = {"http": "servegym.loadgen.http_target"}
+_BUILTIN_MODULES = {
+    "http": "servegym.loadgen.http_target",
+    "sim": "servegym.engines.sim.target",
+}
 """Modules that register a built-in target, imported on first use (keeps imports light)."""
 
 

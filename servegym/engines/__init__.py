@@ -1,0 +1,1 @@
+"""Serving engines: the engine-neutral ServingConfig, real-engine launchers, the simulator."""

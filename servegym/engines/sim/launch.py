@@ -1,0 +1,418 @@
+"""Starting the simulated engine: check the config as vLLM would, size the KV cache, time
+the start-up.
+
+:func:`launch` resolves the config's defaults, checks it in the order the engine does and
+raises :class:`LaunchError` with a message shaped like the engine's own (the exception type
+and text vLLM prints) for what would crash a real start-up. On success it returns a
+:class:`LaunchedEngine`: the cost model, the KV capacity and the start-up time.
+
+**Memory (per GPU).** vLLM takes ``gpu_memory_utilization x memory`` for itself; weights
+(split over the TP GPUs) and the activation peak of a ``max_num_batched_tokens`` step come
+out of that, and the rest is KV cache, in blocks of ``block_size`` tokens. The activation
+peak is ``activation_reserve_gib`` from the hardware profile (fitted at a budget of
+:data:`REFERENCE_BUDGET` tokens) adjusted by the intermediate activations of the budget's
+difference from that (:data:`ACT_BYTES_PER_TOKEN_FACTOR` x (intermediate + hidden) x 2
+bytes per token, per GPU): a larger budget leaves a little less KV cache.
+``kv_cache_memory_bytes`` replaces the computed KV size (per GPU), as in vLLM.
+
+**Memory fraction too high (deterministic rule).** vLLM first checks that the fraction it
+asks for is free: memory outside the fraction must hold the CUDA context
+(:data:`CUDA_CONTEXT_GIB`), otherwise "Free memory on device ... is less than desired GPU
+memory utilization". CUDA-graph capture then allocates outside the fraction too
+(:data:`CUDA_GRAPH_POOL_GIB` more): a fraction that leaves room for the context but not the
+graphs fails with CUDA out of memory during capture unless ``enforce_eager`` skips capture.
+On an 80 GiB GPU that puts the limit near 0.98 (0.99 in eager mode).
+
+**Start-up time.** Checkpoint bytes per GPU / ``weight_load_gbs`` (GPUs load their shards in
+parallel) + ``compile_s`` (torch.compile) + ``cuda_graph_capture_s``; ``enforce_eager``
+skips both of the last two (vLLM v1 compiles nothing in eager mode).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from servegym.engines.config import ServingConfig
+from servegym.engines.sim.cost_model import BUILTIN_QUANT, GIB, KV_FP8_ACCURACY, CostModel
+from servegym.engines.sim.defaults import (
+    ATTENTION_BACKENDS,
+    MAX_TENSOR_PARALLEL,
+    VALID_BLOCK_SIZES,
+    ResolvedConfig,
+    resolve,
+)
+from servegym.engines.sim.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    QuantizationProfile,
+    get_hardware,
+    get_model,
+    model_profiles,
+    quantization_profiles,
+)
+from servegym.engines.sim.speculative import SpecPlan, method_profile
+from servegym.engines.sim.speculative import plan as spec_plan
+
+CUDA_CONTEXT_GIB = 0.6
+"""Memory outside vLLM's fraction taken by the CUDA context and the torch allocator."""
+CUDA_GRAPH_POOL_GIB = 1.0
+"""Extra memory outside the fraction that CUDA-graph capture needs."""
+ACT_BYTES_PER_TOKEN_FACTOR = 3.0
+"""Live activation tensors per token at the peak of a step, in units of
+(intermediate + hidden) elements (gate/up outputs, residual, attention output)."""
+REFERENCE_BUDGET = 8192
+"""``activation_reserve_gib`` in the profiles is for a step of this many tokens."""
+MIN_RESERVE_FRACTION = 0.4
+"""A smaller budget never shrinks the reserve below this share (CUDA graphs, workspace)."""
+
+
+class LaunchError(Exception):
+    """The simulated engine failed to start; ``message`` reads like the engine's own error.
+
+    The command line prints it and exits with code 3.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedEngine:
+    """A simulated engine that started: everything a run needs, fixed for its lifetime."""
+
+    model: ModelProfile
+    hardware: HardwareProfile
+    config: ResolvedConfig
+    cost: CostModel
+    quant: QuantizationProfile
+    spec: SpecPlan | None
+    num_gpus: int
+    num_blocks: int
+    block_size: int
+    kv_capacity_tokens: int
+    kv_cache_bytes_per_gpu: float
+    weight_bytes_per_gpu: float
+    startup_s: float
+    accuracy_ratio: float
+    price_per_hour: float
+    """Dollars per hour for all the engine's GPUs."""
+    workload_family: str
+
+    @property
+    def name(self) -> str:
+        return f"sim:{self.model.id}@{self.hardware.id}"
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f}"
+
+
+def _mib(x: float) -> str:
+    return f"{x / 1024**2:.2f}"
+
+
+def _quant_table() -> dict[str, QuantizationProfile]:
+    try:
+        return quantization_profiles()
+    except FileNotFoundError:
+        return {}
+
+
+def quantization_for(fmt: str, method: str) -> QuantizationProfile:
+    """The weight-format profile of a ``ServingConfig.quantization`` value
+    (``profiles/quantization.toml``: the entry listing it in ``aliases``, else the entry of
+    its format; the built-in fallback when the data has neither)."""
+    weights = {k: q for k, q in _quant_table().items() if q.applies_to == "weights"}
+    for q in weights.values():
+        if method in q.aliases:
+            return q
+    for key, q in weights.items():
+        if key == fmt or q.format == fmt:
+            return q
+    return BUILTIN_QUANT[fmt]
+
+
+def kv_fp8_accuracy() -> float:
+    """Accuracy ratio of an fp8 KV cache (the data's KV-cache entry, else the fallback)."""
+    for q in _quant_table().values():
+        if q.applies_to == "kv_cache":
+            return q.accuracy_ratio
+    return KV_FP8_ACCURACY
+
+
+def _weight_only_dequant() -> float:
+    """Dequantization overhead of a format run weight-only (the int4 / W4A16 entry's)."""
+    return quantization_for("int4", "int4").dequant_overhead
+
+
+def _profile(value: str | ModelProfile, flag: str) -> ModelProfile:
+    return value if isinstance(value, ModelProfile) else get_model(value, flag)
+
+
+def launch(
+    model: str | ModelProfile,
+    hardware: str | HardwareProfile,
+    config: ServingConfig | None = None,
+    *,
+    workload_family: str = "synthetic",
+    models: Mapping[str, ModelProfile] | None = None,
+) -> LaunchedEngine:
+    """Start the simulated engine, or raise :class:`LaunchError` as the engine would.
+
+    ``workload_family`` (the workload's kind) selects speculative acceptance rates.
+    ``models`` is where a draft model id is looked up (default: the shipped model
+    profiles). Unknown model or hardware ids raise :class:`~servegym.errors.UserError` (bad
+    input, not a failed launch).
+    """
+    m = _profile(model, "--model")
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware(hardware)
+    cfg = resolve(config, m, hw)
+    env = dict(cfg.env)
+    tp = cfg.tensor_parallel_size
+
+    # --- parallel config ---
+    if tp > MAX_TENSOR_PARALLEL:
+        raise LaunchError(
+            f"ValueError: The number of required GPUs exceeds the total number of available "
+            f"GPUs in the placement group. (tensor_parallel_size={tp}, available GPUs: "
+            f"{MAX_TENSOR_PARALLEL})"
+        )
+    if m.num_attention_heads % tp:
+        raise LaunchError(
+            f"ValueError: Total number of attention heads ({m.num_attention_heads}) must be "
+            f"divisible by tensor parallel size ({tp})."
+        )
+
+    # --- model config ---
+    if cfg.max_model_len > m.max_position_embeddings and env.get(
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+    ) not in ("1", "true", "True"):
+        raise LaunchError(
+            f"ValueError: User-specified max_model_len ({cfg.max_model_len}) is greater than "
+            f"the derived max_model_len (max_position_embeddings={m.max_position_embeddings} "
+            "in model's config.json). To allow overriding this maximum, set the env var "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with "
+            "extreme caution."
+        )
+    if cfg.dtype == "float32" and cfg.quantization != "none":
+        raise LaunchError(
+            f"ValueError: torch.float32 is not supported for quantization method "
+            f"{cfg.quantization}. Supported dtypes: [torch.bfloat16, torch.float16]"
+        )
+
+    # --- cache config ---
+    if cfg.block_size not in VALID_BLOCK_SIZES:
+        raise LaunchError(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
+            f"block_size\n  Input should be {', '.join(map(str, VALID_BLOCK_SIZES[:-1]))} or "
+            f"{VALID_BLOCK_SIZES[-1]} [type=literal_error, input_value={cfg.block_size}]"
+        )
+    backend = cfg.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
+    if backend is not None:
+        if backend.upper() not in ATTENTION_BACKENDS:
+            raise LaunchError(
+                f"ValueError: Invalid attention backend: '{backend}'. Valid backends are: "
+                f"{list(ATTENTION_BACKENDS)}"
+            )
+        if cfg.kv_fp8 and backend.upper() == "FLASH_ATTN" and hw.peak_tflops.fp8 is None:
+            raise LaunchError(
+                f"ValueError: Selected backend FLASH_ATTN is not valid for this configuration. "
+                f"Reason: ['kv_cache_dtype not supported'] (kv_cache_dtype={cfg.kv_cache_dtype} "
+                f"needs FlashAttention 3, which {hw.name} does not support)"
+            )
+
+    # --- scheduler config ---
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+        raise LaunchError(
+            f"ValueError: max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be greater "
+            f"than or equal to max_num_seqs ({cfg.max_num_seqs})."
+        )
+    if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+        raise LaunchError(
+            f"ValueError: max_num_batched_tokens ({cfg.max_num_batched_tokens}) is smaller than "
+            f"max_model_len ({cfg.max_model_len}). This effectively limits the maximum sequence "
+            "length to max_num_batched_tokens and makes vLLM reject longer sequences. Please "
+            "increase max_num_batched_tokens or decrease max_model_len."
+        )
+
+    # --- speculative config ---
+    spec: SpecPlan | None = None
+    if cfg.speculative is not None:
+        s = cfg.speculative
+        prof, _ = method_profile(s.method)
+        draft: ModelProfile | None = None
+        if prof.requires_native_support:
+            raise LaunchError(
+                f"ValueError: Speculative method '{s.method}' needs a model that ships its own "
+                f"multi-token prediction layers (num_nextn_predict_layers > 0); {m.hf_name} "
+                "has none."
+            )
+        if s.method in ("eagle", "eagle3") and prof.heads and m.id not in prof.heads:
+            raise LaunchError(
+                f"ValueError: No {s.method.upper()} draft head is available for {m.hf_name} "
+                f"(simulated heads exist for: {', '.join(sorted(prof.heads))}). Use another "
+                "speculative method or model."
+            )
+        if s.method in ("draft_model", "eagle", "eagle3") and not s.draft_model:
+            usual = m.draft_model if s.method == "draft_model" else prof.heads.get(m.id)
+            raise LaunchError(
+                "ValueError: num_speculative_tokens was provided but without speculative model. "
+                f"(method '{s.method}' needs speculative_config.model"
+                + (f", e.g. '{usual}')" if usual else ")")
+            )
+        if s.method == "ngram":
+            lo, hi = s.prompt_lookup_min, s.prompt_lookup_max
+            if lo is not None and hi is not None and lo > hi:
+                raise LaunchError(
+                    f"ValueError: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}"
+                )
+        if s.method == "draft_model":
+            assert s.draft_model is not None
+            known = dict(models) if models is not None else model_profiles()
+            if s.draft_model not in known:
+                raise LaunchError(
+                    f"OSError: {s.draft_model} is not a local folder and is not a valid model "
+                    "identifier listed on 'https://huggingface.co/models' (simulated draft "
+                    f"models: {', '.join(sorted(known)) or 'none'})"
+                )
+            draft = known[s.draft_model]
+            if draft.vocab_size != m.vocab_size:
+                raise LaunchError(
+                    f"ValueError: The draft model's vocabulary ({draft.vocab_size} tokens) does "
+                    f"not match the target model's ({m.vocab_size}); speculative decoding needs "
+                    "the same tokenizer."
+                )
+            if draft.num_attention_heads % tp:
+                raise LaunchError(
+                    f"ValueError: Total number of attention heads ({draft.num_attention_heads}) "
+                    f"must be divisible by tensor parallel size ({tp}). (draft model "
+                    f"{draft.hf_name})"
+                )
+        spec = spec_plan(s, m, draft, workload_family)
+
+    # --- weights and memory ---
+    fmt = cfg.weight_format
+    quant = quantization_for(fmt, cfg.quantization)
+    act_bytes = 4.0 if cfg.dtype == "float32" else 2.0
+    kv_elem = 1.0 if cfg.kv_fp8 else act_bytes
+    cost = CostModel(
+        m,
+        hw,
+        tp=tp,
+        quant=quant,
+        weight_only_dequant=_weight_only_dequant(),
+        act_bytes=act_bytes,
+        kv_elem_bytes=kv_elem,
+        graph_max_tokens=cfg.cuda_graph_max_tokens,
+        eager=cfg.enforce_eager,
+        spec=spec,
+    )
+    mem = hw.memory_gib * GIB
+    util = cfg.gpu_memory_utilization
+    wanted = util * mem
+    free_at_start = mem - CUDA_CONTEXT_GIB * GIB
+    if wanted > free_at_start:
+        raise LaunchError(
+            f"ValueError: Free memory on device ({_gib(free_at_start)}/{_gib(mem)} GiB) on "
+            f"startup is less than desired GPU memory utilization ({util}, {_gib(wanted)} GiB). "
+            "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+        )
+    w_gpu = cost.memory.weight_bytes_per_gpu
+    if w_gpu > free_at_start:
+        # Loading stops at the first weight tensor that no longer fits (an MLP projection).
+        tensor = m.intermediate_size * m.hidden_size * quant.bytes_per_param / tp
+        left = free_at_start - (free_at_start // tensor) * tensor
+        raise LaunchError(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {_mib(tensor)} MiB. "
+            f"GPU 0 has a total capacity of {_gib(mem)} GiB of which {_mib(left)} MiB is free. "
+            f"Including non-PyTorch memory, this process has {_gib(mem - left)} GiB memory in "
+            f"use. (loading {m.hf_name}: {_gib(w_gpu)} GiB of weights per GPU at "
+            f"tensor_parallel_size={tp}; the model does not fit)"
+        )
+    act_per_token = ACT_BYTES_PER_TOKEN_FACTOR * (m.intermediate_size + m.hidden_size) * act_bytes
+    act_reserve = max(
+        hw.activation_reserve_gib * GIB
+        + (cfg.max_num_batched_tokens - REFERENCE_BUDGET) * act_per_token / tp,
+        MIN_RESERVE_FRACTION * hw.activation_reserve_gib * GIB,
+    )
+    if cfg.kv_cache_memory_bytes is not None:
+        kv_bytes = float(cfg.kv_cache_memory_bytes)
+        if w_gpu + act_reserve + kv_bytes > free_at_start:
+            raise LaunchError(
+                f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                f"{_mib(kv_bytes)} MiB. GPU 0 has a total capacity of {_gib(mem)} GiB of which "
+                f"{_mib(max(free_at_start - w_gpu - act_reserve, 0.0))} MiB is free. "
+                f"(kv_cache_memory_bytes={cfg.kv_cache_memory_bytes} does not fit beside the "
+                "weights and activations)"
+            )
+    else:
+        kv_bytes = wanted - w_gpu - act_reserve
+        if kv_bytes <= 0:
+            raise LaunchError(
+                "ValueError: No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."
+            )
+    graph_room = free_at_start - CUDA_GRAPH_POOL_GIB * GIB
+    if not cfg.enforce_eager and cfg.kv_cache_memory_bytes is None and wanted > graph_room:
+        raise LaunchError(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{_mib(CUDA_GRAPH_POOL_GIB * GIB)} MiB. GPU 0 has a total capacity of {_gib(mem)} "
+            f"GiB of which {_mib(free_at_start - wanted)} MiB is free. (during CUDA graph "
+            f"capture: gpu_memory_utilization={util} leaves too little memory outside vLLM's "
+            "share)"
+        )
+    per_token = cost.memory.kv_bytes_per_token_per_gpu
+    block = cfg.block_size
+    num_blocks = int(kv_bytes // (per_token * block))
+    if num_blocks <= 0:
+        raise LaunchError(
+            "ValueError: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine."
+        )
+    capacity = num_blocks * block
+    if capacity < cfg.max_model_len:
+        needed = cfg.max_model_len * per_token
+        raise LaunchError(
+            f"ValueError: To serve at least one request with the models's max seq len "
+            f"({cfg.max_model_len}), ({_gib(needed)} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({_gib(kv_bytes)} GiB). Based on the available "
+            f"memory, the estimated maximum model length is {capacity}. Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine."
+        )
+
+    startup = cost.memory.checkpoint_bytes_per_gpu / (hw.weight_load_gbs * 1e9)
+    if not cfg.enforce_eager:  # eager mode skips torch.compile and CUDA-graph capture
+        startup += hw.compile_s + hw.cuda_graph_capture_s
+    accuracy = quant.accuracy_ratio * (kv_fp8_accuracy() if cfg.kv_fp8 else 1.0)
+    return LaunchedEngine(
+        model=m,
+        hardware=hw,
+        config=cfg,
+        cost=cost,
+        quant=quant,
+        spec=spec,
+        num_gpus=tp,
+        num_blocks=num_blocks,
+        block_size=block,
+        kv_capacity_tokens=capacity,
+        kv_cache_bytes_per_gpu=num_blocks * block * per_token,
+        weight_bytes_per_gpu=w_gpu,
+        startup_s=startup,
+        accuracy_ratio=accuracy,
+        price_per_hour=hw.price_per_hour * tp,
+        workload_family=workload_family,
+    )
+
+
+def max_blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens."""
+    return math.ceil(tokens / block_size)
