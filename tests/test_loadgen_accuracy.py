@@ -109,6 +109,13 @@ def check_accuracy(
     )
 
 
+# Timing tests measure this virtual machine as well as the code: a burst of load from
+# elsewhere can push one run out of bounds. Each test already takes several attempts; a
+# rerun after a pause gives a transient stall time to pass. A systematic error still fails.
+TIMING_RERUNS = pytest.mark.flaky(reruns=2, reruns_delay=5)
+
+
+@TIMING_RERUNS
 @pytest.mark.parametrize(("concurrency", "requests"), [(1, 6), (64, 192)])
 def test_accuracy_quick(
     timed_mock: MockProcess,
@@ -119,6 +126,7 @@ def test_accuracy_quick(
     check_accuracy(make_single_turn, timed_mock.url, concurrency, requests, output_len=32)
 
 
+@TIMING_RERUNS
 @pytest.mark.slow
 @pytest.mark.parametrize(("concurrency", "requests"), [(1, 30), (64, 640)])
 def test_accuracy_full(
@@ -146,6 +154,7 @@ def send_lag_p99(make: Callable[..., Workload], url: str, rate: float, seconds: 
     return p99
 
 
+@TIMING_RERUNS
 @pytest.mark.parametrize(
     ("rate", "seconds"), [(300, 1.0), pytest.param(1000, 4.0, marks=pytest.mark.slow)]
 )
