@@ -5,6 +5,17 @@ needed to reproduce it in the simulator: model and hardware profile ids, tensor 
 size, weight format, engine, the workload (lengths, prompts, arrival) and the engine knobs
 that were set. ``benchmarks/sim_calibration.py`` simulates every point marked ``simulable``
 and writes the published-vs-simulated table of ``docs/simulator.md``.
+
+Where a source gives natural (dataset) lengths rather than fixed ones, a point may carry
+*stand-in* lengths (``stand_in_input_tokens`` / ``stand_in_output_tokens``): fixed lengths the
+simulation uses instead, chosen where the published figure hardly depends on them (batch-1
+throughput, where prefill is a few percent of the time) and marked as judgment in the notes.
+
+A *ratio* (``[[ratio]]``) compares two points through the ratio of their figures when
+neither can be simulated on its own (the dataset's lengths are unknown) but both were measured
+on the same workload: both settings are simulated on the same stand-in workload, and the
+simulated ratio is compared with the published one. The stand-in's prompt length can be
+varied (``sensitivity_input_tokens``) to show how little the ratio depends on it.
 """
 
 from __future__ import annotations
@@ -58,6 +69,35 @@ class CalibrationWorkload(_Data):
         default=None, ge=1, description="closed-loop concurrency (1 = one request at a time)"
     )
     rate: float | None = Field(default=None, gt=0, description="requests/s (poisson, server)")
+    stand_in_input_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="fixed prompt length the simulation uses where the source's are natural "
+        "lengths (judgment; see the point's notes)",
+    )
+    stand_in_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="fixed output length the simulation uses where the source's are natural "
+        "(default: output_tokens, i.e. every reply reaches the cap)",
+    )
+
+    def simulated_lengths(self) -> tuple[int | None, int | None]:
+        """(prompt, output) tokens per request as simulated; None where unknown."""
+        inp = self.input_tokens if self.input_tokens is not None else self.stand_in_input_tokens
+        out = (
+            self.stand_in_output_tokens
+            if self.stand_in_output_tokens is not None
+            else self.output_tokens
+        )
+        return inp, out
+
+    @property
+    def uses_stand_in(self) -> bool:
+        """Whether the simulated lengths are stand-ins rather than the published ones."""
+        return (self.input_tokens is None and self.stand_in_input_tokens is not None) or (
+            self.stand_in_output_tokens is not None
+        )
 
 
 class CalibrationPoint(_Data):
@@ -65,6 +105,9 @@ class CalibrationPoint(_Data):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     source: str = Field(min_length=1, description="title of the publication")
+    short_source: str | None = Field(
+        default=None, description="a few words naming the source, for tables"
+    )
     url: str = Field(pattern=r"^https?://")
     date: str | None = Field(default=None, description="publication date, YYYY-MM[-DD]")
     model: str = Field(description="model profile id")
@@ -88,7 +131,15 @@ class CalibrationPoint(_Data):
         description="False: the setting cannot be reproduced from the source alone (e.g. "
         "the dataset's length distribution is not published); kept for reference",
     )
+    not_simulable_reason: str | None = Field(
+        default=None, description="one line: why the point is not simulable"
+    )
     notes: str = ""
+
+    @property
+    def label(self) -> str:
+        """The short source name (``short_source``, else the title up to its first comma)."""
+        return self.short_source or self.source.split(",")[0]
 
     @field_validator("serving")
     @classmethod
@@ -109,18 +160,42 @@ class CalibrationPoint(_Data):
         return ServingConfig.model_validate(knobs)
 
 
+class CalibrationRatio(_Data):
+    """The ratio of two published figures measured on the same (unreproducible) workload,
+    checked by simulating both settings on one stand-in workload."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    numerator: str = Field(description="calibration point id")
+    denominator: str = Field(description="calibration point id")
+    stand_in: CalibrationWorkload = Field(
+        description="the workload both settings are simulated on (fixed lengths)"
+    )
+    sensitivity_input_tokens: list[int] = Field(
+        default_factory=list,
+        description="other stand-in prompt lengths to simulate, to show the ratio's spread",
+    )
+    notes: str = ""
+
+
 class _CalibrationFile(_Data):
     point: list[CalibrationPoint]
+    ratio: list[CalibrationRatio] = Field(default_factory=list)
 
 
 def load_calibration(path: Path | None = None) -> list[CalibrationPoint]:
     """Read and check ``calibration.toml``: schema, unique ids, known model/hardware ids."""
     path = path or CALIBRATION_FILE
-    return list(_load(path))
+    return list(_load(path)[0])
+
+
+def load_ratios(path: Path | None = None) -> list[CalibrationRatio]:
+    """The ``[[ratio]]`` checks of ``calibration.toml`` (their point ids checked to exist)."""
+    path = path or CALIBRATION_FILE
+    return list(_load(path)[1])
 
 
 @cache
-def _load(path: Path) -> tuple[CalibrationPoint, ...]:
+def _load(path: Path) -> tuple[tuple[CalibrationPoint, ...], tuple[CalibrationRatio, ...]]:
     try:
         with path.open("rb") as f:
             raw = tomllib.load(f)
@@ -129,11 +204,12 @@ def _load(path: Path) -> tuple[CalibrationPoint, ...]:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: malformed TOML: {e}") from None
     try:
-        points = _CalibrationFile.model_validate(raw).point
+        data = _CalibrationFile.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise UserError(f"{path}: field '{loc}': {err['msg']}") from None
+    points = data.point
     models, hardware = model_profiles(), hardware_profiles()
     seen: set[str] = set()
     for p in points:
@@ -144,4 +220,10 @@ def _load(path: Path) -> tuple[CalibrationPoint, ...]:
             raise UserError(f"{path}: point '{p.id}': unknown model '{p.model}'")
         if p.hardware not in hardware:
             raise UserError(f"{path}: point '{p.id}': unknown hardware '{p.hardware}'")
-    return tuple(points)
+    for r in data.ratio:
+        for ref in (r.numerator, r.denominator):
+            if ref not in seen:
+                raise UserError(f"{path}: ratio '{r.id}': unknown calibration point '{ref}'")
+        if r.stand_in.input_tokens is None or r.stand_in.output_tokens is None:
+            raise UserError(f"{path}: ratio '{r.id}': the stand-in needs fixed lengths")
+    return tuple(points), tuple(data.ratio)
