@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from servegym.errors import UserError
+from servegym.tasks.commands import task_app
 
 app = typer.Typer(
     name="servegym",
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 workload_app = typer.Typer(help="List and inspect workloads.", no_args_is_help=True)
 app.add_typer(workload_app, name="workload")
+app.add_typer(task_app, name="task")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -261,6 +263,25 @@ def sim(
     console.print(render_metrics(outcome.metrics, title=outcome.title))
     console.print(render_sim_stats(outcome.stats))
     console.print(f"wrote {outcome.out}/{{run.json,requests.jsonl,metrics.json,sim.json}}")
+
+
+@app.command("run")
+def run(
+    task: Annotated[str, typer.Option("--task", help="task id (see tasks/) or task folder")],
+    agent: Annotated[str, typer.Option("--agent", help="agent name, e.g. default, random, tpe")],
+    seed: Annotated[int, typer.Option("--seed", min=0, help="trial seed")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="folder for trial folders")] = Path("runs"),
+    force: Annotated[
+        bool, typer.Option("--force", help="run again even if the trial finished")
+    ] = False,
+) -> None:
+    """Run one trial: the agent works the task within its budget, then its submission is
+    scored against the baseline on the hidden scoring workload."""
+    from servegym.runner.command import run_trial_command
+
+    code = run_trial_command(task, agent, seed, out, force, console)
+    if code:
+        raise typer.Exit(code)
 
 
 def main() -> None:

@@ -164,8 +164,11 @@ def launch(
     *,
     workload_family: str = "synthetic",
     models: Mapping[str, ModelProfile] | None = None,
+    available_gpus: int = MAX_TENSOR_PARALLEL,
 ) -> LaunchedEngine:
     """Start the simulated engine, or raise :class:`LaunchError` as the engine would.
+
+    ``available_gpus`` is how many GPUs the machine has (a task may grant fewer than 8).
 
     ``workload_family`` (the workload's kind) selects speculative acceptance rates.
     ``models`` is where a draft model id is looked up (default: the shipped model
@@ -179,11 +182,12 @@ def launch(
     tp = cfg.tensor_parallel_size
 
     # --- parallel config ---
-    if tp > MAX_TENSOR_PARALLEL:
+    gpus = min(available_gpus, MAX_TENSOR_PARALLEL)
+    if tp > gpus:
         raise LaunchError(
             f"ValueError: The number of required GPUs exceeds the total number of available "
             f"GPUs in the placement group. (tensor_parallel_size={tp}, available GPUs: "
-            f"{MAX_TENSOR_PARALLEL})"
+            f"{gpus})"
         )
     if m.num_attention_heads % tp:
         raise LaunchError(

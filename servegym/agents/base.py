@@ -1,0 +1,158 @@
+"""The agent protocol: what an agent sees of a task, and how it acts.
+
+An agent gets a :class:`TaskEnvironment` and acts only through it: it reads the task
+(``describe``), runs experiments (each charged to the budget), and submits a config. The
+environment logs every experiment; when the budget runs out, the last submission stands.
+A new agent is one class plus one :func:`register_agent` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servegym.engines.config import ServingConfig
+from servegym.errors import UserError
+from servegym.scoring.metrics import Metrics
+
+
+class KnobInfo(BaseModel):
+    """One tunable knob as the agent is told about it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    default: str
+    help: str
+
+
+class BudgetState(BaseModel):
+    """What is spent and what is left (``None``: no limit of that kind)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experiments_run: int = 0
+    experiments_left: int | None = None
+    sim_gpu_seconds_used: float = 0.0
+    sim_gpu_seconds_left: float | None = None
+    wall_seconds_used: float = 0.0
+    wall_seconds_left: float | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return any(
+            left is not None and left <= 0
+            for left in (self.experiments_left, self.sim_gpu_seconds_left, self.wall_seconds_left)
+        )
+
+
+class TaskDescription(BaseModel):
+    """Everything an agent may know about its task (never the scoring seed or the oracle)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    title: str
+    instruction: str
+    track: str
+    model: str
+    hardware: str
+    num_gpus_available: int = 8
+    price_per_gpu_hour: float
+    engines: list[str]
+    baseline: dict[str, Any] = Field(description="the baseline config (knobs set)")
+    knobs: list[KnobInfo]
+    workload: dict[str, Any] = Field(description="the dev workload's shape (counts, lengths)")
+    objective: str
+    higher_is_better: bool
+    sla: dict[str, Any] | None
+    accuracy_min_ratio: float
+    budget: BudgetState
+
+
+class ExperimentResult(BaseModel):
+    """One experiment: the config, and its dev metrics or why it failed to launch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    config: dict[str, Any] = Field(description="the knobs set")
+    quick: bool = False
+    ok: bool
+    launch_error: str | None = None
+    log_tail: str | None = None
+    objective_value: float | None = Field(
+        default=None, description="the task objective on the dev workload"
+    )
+    improvement: float | None = Field(
+        default=None, description="objective vs the baseline's on the same dev workload (>1 better)"
+    )
+    accuracy_ratio: float | None = None
+    metrics: Metrics | None = None
+    cost_sim_gpu_seconds: float = 0.0
+    cost_wall_seconds: float = 0.0
+    budget: BudgetState
+
+
+class TaskEnvironment(Protocol):
+    """The agent's only window on its task."""
+
+    def describe(self) -> TaskDescription: ...
+
+    def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
+        """Launch ``config``, run the dev workload (a shorter one when ``quick``), charge the
+        budget, and return the metrics, or the launch error with the log tail. Raises
+        :class:`BudgetExhausted` when nothing is left."""
+        ...
+
+    def budget_left(self) -> BudgetState: ...
+
+    def submit(self, config: ServingConfig) -> None:
+        """Declare ``config`` the submission (the last call stands)."""
+        ...
+
+
+class BudgetExhausted(Exception):
+    """Raised by ``run_experiment`` when the budget has run out."""
+
+
+class Agent(Protocol):
+    """Anything that can work a task through a :class:`TaskEnvironment`."""
+
+    name: str
+
+    def run(self, env: TaskEnvironment, seed: int) -> None: ...
+
+
+_AGENTS: dict[str, Callable[..., Agent]] = {}
+
+
+def register_agent(name: str) -> Callable[[Callable[..., Agent]], Callable[..., Agent]]:
+    """Class decorator: make an agent constructible by ``name``."""
+
+    def deco(cls: Callable[..., Agent]) -> Callable[..., Agent]:
+        _AGENTS[name] = cls
+        return cls
+
+    return deco
+
+
+def agent_names() -> list[str]:
+    _load_builtins()
+    return sorted(_AGENTS)
+
+
+def make_agent(name: str, **kwargs: object) -> Agent:
+    _load_builtins()
+    if name not in _AGENTS:
+        raise UserError(f"--agent: unknown agent '{name}' (known: {', '.join(sorted(_AGENTS))})")
+    return _AGENTS[name](**kwargs)
+
+
+def _load_builtins() -> None:
+    import importlib
+
+    for module in ("servegym.agents.baselines",):
+        importlib.import_module(module)

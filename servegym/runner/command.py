@@ -1,0 +1,248 @@
+"""``servegym run --task ID --agent NAME [--seed N] [--out DIR] [--force]``.
+
+:func:`run_trial_command` runs one trial (:func:`servegym.runner.trial.run_trial`) with a
+progress bar over the agent phase (experiments run, simulated GPU-seconds against the
+budget, best improvement so far) and the evaluation, then prints the result: baseline
+against submission for every metric, the gates, the outcome and the score with its 95%
+interval. Unknown tasks or agents and bad task files raise
+:class:`~servegym.errors.UserError` (one line, exit code 2, printed by the command line).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from servegym.agents.base import ExperimentResult, make_agent
+from servegym.runner.results import TRIAL_FILE, TrialResult
+from servegym.runner.trial import TrialProgress, run_trial, trial_folder
+from servegym.tasks.loader import LoadedTask, load_task
+
+DEFAULT_OUT = Path("runs")
+
+_OUTCOME_STYLE = {
+    "scored": "bold green",
+    "accuracy_failed": "bold yellow",
+    "integrity_flagged": "bold red",
+    "launch_failed": "bold yellow",
+    "crashed": "bold red",
+    "no_submission": "yellow",
+    "harness_error": "bold red",
+}
+
+
+class _RichProgress(TrialProgress):
+    """Progress bars: the agent phase (budget) and the evaluation (runs)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.agent_bar: TaskID | None = None
+        self.eval_bar: TaskID | None = None
+        self.best: float | None = None
+        self.failures = 0
+
+    def start(self, loaded: LoadedTask, agent: str, seed: int) -> None:
+        limit = loaded.task.budget.sim_gpu_seconds
+        self.agent_bar = self.progress.add_task(
+            f"{agent}: 0 experiments", total=limit if limit else 1.0
+        )
+
+    def experiment(self, result: ExperimentResult, budget_limit: float | None) -> None:
+        if self.agent_bar is None:
+            return
+        if result.ok and result.improvement is not None:
+            imp = result.improvement
+            self.best = imp if self.best is None else max(self.best, imp)
+        if not result.ok:
+            self.failures += 1
+        best = f", best {self.best:.3f}x" if self.best is not None else ""
+        fails = f", {self.failures} failed" if self.failures else ""
+        used = result.budget.sim_gpu_seconds_used
+        self.progress.update(
+            self.agent_bar,
+            completed=min(used, budget_limit) if budget_limit else used,
+            description=f"experiments: {result.index + 1}{fails}{best}",
+        )
+
+    def stage(self, stage: str, done: int, total: int) -> None:
+        if self.agent_bar is not None and self.eval_bar is None:
+            task = self.progress.tasks[self.agent_bar]
+            if task.total is not None:
+                self.progress.update(self.agent_bar, completed=task.total)
+        if self.eval_bar is None:
+            self.eval_bar = self.progress.add_task(f"{stage} (paired runs)", total=total)
+        self.progress.update(self.eval_bar, completed=done, total=total)
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if unit == "fraction":
+        return f"{value:.1%}"
+    a = abs(value)
+    digits = 3 if a < 10 else 2 if a < 100 else 1 if a < 10_000 else 0
+    return f"{value:,.{digits}f}"
+
+
+def _ratio(value: float | None) -> Text:
+    if value is None:
+        return Text("-")
+    style = "green" if value > 1.005 else "red" if value < 0.995 else ""
+    return Text(f"{value:.3f}x", style=style)
+
+
+def _objective_mean(values: list[float | None]) -> float | None:
+    real = [v for v in values if v is not None]
+    return sum(real) / len(real) if real else None
+
+
+def render_trial(result: TrialResult, folder: Path | None = None) -> Group:
+    """The result table, the gates and the outcome line."""
+    title = f"{result.task} · {result.agent} · seed {result.seed}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("unit")
+    table.add_column("baseline", justify="right")
+    table.add_column("submission", justify="right")
+    table.add_column("improvement", justify="right")
+    obj = result.objective
+    if obj is not None:
+        base = _objective_mean(result.baseline.objective_values) if result.baseline else None
+        sub = _objective_mean(result.submission.objective_values) if result.submission else None
+        direction = "higher" if obj.higher_is_better else "lower"
+        table.add_row(
+            f"objective: {obj.label}",
+            f"{obj.unit} ({direction} better)",
+            _num(base),
+            _num(sub),
+            _ratio(result.raw_score),
+        )
+        for label, part in obj.components.items():
+            table.add_row(
+                f"  component: {label}",
+                part.unit,
+                _num(part.baseline, part.unit),
+                _num(part.submission, part.unit),
+                _ratio(part.improvement),
+            )
+        table.add_section()
+    for name, cmp in result.improvement.items():
+        table.add_row(
+            name,
+            cmp.unit,
+            _num(cmp.baseline, cmp.unit),
+            _num(cmp.submission, cmp.unit),
+            _ratio(cmp.improvement),
+        )
+
+    gates = Table(title="gates", title_justify="left")
+    gates.add_column("gate", style="bold")
+    gates.add_column("result")
+    gates.add_column("detail", overflow="fold")
+    for name, g in result.gates.items():
+        verdict = (
+            Text("pass", style="green")
+            if g.passed
+            else Text("not reached", style="dim")
+            if g.passed is None
+            else Text("FAIL", style="bold red")
+        )
+        gates.add_row(name, verdict, g.detail)
+
+    lines: list[Text] = []
+    outcome = Text.assemble(
+        ("outcome: ", "bold"), (result.outcome, _OUTCOME_STYLE.get(result.outcome, ""))
+    )
+    if result.score is not None and result.score_ci is not None:
+        lo, hi = result.score_ci
+        outcome.append(f"   score {result.score:.3f}x [{lo:.3f}, {hi:.3f}] (95% CI)", "bold")
+    elif result.raw_score is not None and result.raw_score_ci is not None:
+        lo, hi = result.raw_score_ci
+        outcome.append(
+            f"   leaderboard 1.000x (measured {result.raw_score:.3f}x [{lo:.3f}, {hi:.3f}])"
+        )
+    else:
+        outcome.append("   leaderboard 1.000x")
+    lines.append(outcome)
+    if result.agent_error:
+        lines.append(Text(f"agent error: {result.agent_error}", style="yellow"))
+    if result.error:
+        lines.append(Text(f"harness error: {result.error}", style="red"))
+    p, b = result.process, result.budget
+    limit = f" of {b.limit:,.0f}" if b.limit else ""
+    best = ""
+    if result.best_seen is not None and result.best_seen.improvement is not None:
+        ttb = p.time_to_best
+        frac = (
+            f", {ttb.budget_fraction:.0%} of the budget" if ttb.budget_fraction is not None else ""
+        )
+        best = (
+            f"; best dev {result.best_seen.improvement:.3f}x at experiment "
+            f"{result.best_seen.index}{frac}"
+        )
+    lines.append(
+        Text(
+            f"{p.experiments} experiments ({p.distinct_configs} distinct configs, "
+            f"{p.launch_failures} launch failures), {b.used:,.0f}{limit} simulated GPU-seconds"
+            f"{best}"
+        )
+    )
+    if result.scoring_seed is not None:
+        lines.append(
+            Text(
+                f"scoring workload: {result.evaluation.workload}, seed {result.scoring_seed}, "
+                f"{result.evaluation.repeats} paired repeats",
+                style="dim",
+            )
+        )
+    if folder is not None:
+        lines.append(Text(f"wrote {folder / TRIAL_FILE}", style="dim"))
+    return Group(table, gates, *lines)
+
+
+def run_trial_command(
+    task_id: str,
+    agent: str,
+    seed: int = 0,
+    out: Path | None = None,
+    force: bool = False,
+    console: Console | None = None,
+    *,
+    tasks_root: Path | None = None,
+) -> int:
+    """Run (or show, when finished and not ``force``) one trial; returns the exit code
+    (0; 1 when the harness itself failed). Raises UserError for bad input. ``tasks_root``
+    is where task ids are looked up (default: the shipped tasks)."""
+    console = console or Console()
+    out_dir = out if out is not None else DEFAULT_OUT
+    # Bad names fail here, in one line, before any progress bar is drawn.
+    loaded = load_task(task_id, tasks_root)
+    make_agent(agent)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        result = run_trial(
+            loaded,
+            agent,
+            seed,
+            out_dir,
+            force,
+            progress=_RichProgress(progress),
+        )
+    folder = trial_folder(out_dir, result.task, agent, seed)
+    if result.skipped:
+        console.print(
+            f"trial already finished: {folder / TRIAL_FILE} (use --force to run it again)",
+            highlight=False,
+        )
+    console.print(render_trial(result, folder))
+    return 1 if result.outcome == "harness_error" else 0

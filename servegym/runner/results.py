@@ -1,0 +1,256 @@
+"""What a trial records: :class:`TrialResult`, written as ``trial.json``.
+
+Layout (``trial.json``, schema ``servegym.trial/1``)::
+
+    schema, task, task_title, track, agent, seed
+    outcome            scored | accuracy_failed | integrity_flagged | launch_failed |
+                       crashed | no_submission | harness_error
+    score              the paired improvement (geometric mean of paired ratios) when scored,
+                       else null
+    score_ci           [low, high] 95% bootstrap interval of score (null when not scored)
+    leaderboard_score  score when scored, else 1.0 (a non-scored outcome counts 1.0x; a
+                       scored regression keeps its real ratio below 1.0)
+    raw_score, raw_score_ci
+                       the measured improvement whatever the gates said (null when the
+                       submission was never measured: no submission, launch failure, ...)
+    objective          label, kind, unit, direction, paired ratios, per-repeat values
+    improvement        per metric: baseline, submission (means over repeats), improvement
+                       (geometric mean of paired ratios, > 1 better), unit, direction
+    gates              launch, accuracy, integrity: passed (null: not reached), detail, ...
+    baseline, submission
+                       config (knobs set), launched, launch_error, accuracy_ratio, GPUs,
+                       start-up, objective values per repeat, metrics (first repeat),
+                       integrity counts
+    best_seen          the best dev experiment of the agent phase (an experiments.jsonl
+                       line), null when none ran
+    process            experiments, quick experiments, distinct configs, launch failures,
+                       submissions, dev baseline value, time to best (experiment index and
+                       budget fraction)
+    budget             unit, used, limit, experiments, max_experiments, exhausted
+    evaluation         repeats, workload name, request count, hash, bootstrap samples,
+                       harness sim seconds
+    scoring_seed       the hidden seed of the scoring workload (revealed after the trial)
+    agent_error        the exception the agent raised, if it did
+    error              what went wrong in the harness (harness_error), else null
+    versions           servegym, python, numpy, pydantic
+    started_at, finished_at, timing
+                       wall-clock values: the only keys that differ between two runs of
+                       the same seed (:data:`VOLATILE_KEYS`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from servegym.agents.base import ExperimentResult
+from servegym.scoring.gates import GateResult
+from servegym.scoring.metrics import Metrics
+from servegym.scoring.objectives import IntegrityCounts
+
+SCHEMA = "servegym.trial/1"
+TRIAL_FILE = "trial.json"
+EXPERIMENTS_FILE = "experiments.jsonl"
+VOLATILE_KEYS: tuple[str, ...] = ("started_at", "finished_at", "timing")
+"""Top-level keys of ``trial.json`` that hold wall-clock values."""
+
+Outcome = Literal[
+    "scored",
+    "accuracy_failed",
+    "integrity_flagged",
+    "launch_failed",
+    "crashed",
+    "no_submission",
+    "harness_error",
+]
+OUTCOMES: tuple[str, ...] = (
+    "scored",
+    "accuracy_failed",
+    "integrity_flagged",
+    "launch_failed",
+    "crashed",
+    "no_submission",
+    "harness_error",
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SideResult(_Model):
+    """The baseline's or the submission's part of the final evaluation."""
+
+    config: dict[str, Any] = Field(description="the knobs set (defaults left out)")
+    launched: bool
+    launch_error: str | None = None
+    accuracy_ratio: float | None = None
+    num_gpus: int | None = None
+    startup_s: float | None = None
+    price_per_hour: float | None = Field(default=None, description="$ per hour, all GPUs")
+    objective_values: list[float | None] = Field(
+        default_factory=list, description="the objective per repeat (null: infeasible)"
+    )
+    rates: list[float | None] = Field(
+        default_factory=list, description="rate of each repeat's run (rate objectives)"
+    )
+    metrics: Metrics | None = Field(default=None, description="the first repeat's run")
+    integrity: IntegrityCounts = Field(default_factory=IntegrityCounts)
+
+
+class MetricComparison(_Model):
+    """One metric, baseline against submission."""
+
+    unit: str
+    higher_is_better: bool
+    baseline: float | None
+    submission: float | None
+    improvement: float | None = Field(description="geometric mean of paired ratios (> 1 better)")
+
+
+class ObjectiveSummary(_Model):
+    label: str
+    kind: str
+    unit: str
+    higher_is_better: bool
+    pairs: list[float] = Field(default_factory=list, description="paired improvement ratios")
+    method: str = "geometric mean of paired ratios; expanded percentile bootstrap over pairs"
+    components: dict[str, MetricComparison] = Field(
+        default_factory=dict, description="a composite's components, each compared alone"
+    )
+
+
+class TimeToBest(_Model):
+    experiment: int | None = Field(description="index of the best dev experiment")
+    budget_fraction: float | None = Field(
+        description="budget used when it finished, over the limit"
+    )
+    sim_gpu_seconds: float | None = None
+
+
+class ProcessStats(_Model):
+    experiments: int = 0
+    quick_experiments: int = 0
+    distinct_configs: int = 0
+    launch_failures: int = 0
+    submissions: int = 0
+    dev_baseline_value: float | None = None
+    time_to_best: TimeToBest = Field(
+        default_factory=lambda: TimeToBest(experiment=None, budget_fraction=None)
+    )
+
+
+class BudgetSummary(_Model):
+    unit: str = "sim_gpu_seconds"
+    used: float = 0.0
+    limit: float | None = None
+    experiments: int = 0
+    max_experiments: int | None = None
+    exhausted: bool = False
+
+
+class EvaluationInfo(_Model):
+    repeats: int = 0
+    workload: str | None = None
+    requests: int | None = None
+    workload_hash: str | None = None
+    bootstrap_samples: int | None = None
+    sim_seconds: float = Field(default=0.0, description="virtual seconds the harness simulated")
+
+
+class Timing(_Model):
+    wall_s: float = 0.0
+    agent_wall_s: float = 0.0
+    evaluation_wall_s: float = 0.0
+
+
+class TrialResult(_Model):
+    """One trial (``trial.json``); see the module docstring for the layout."""
+
+    schema_: str = Field(default=SCHEMA, alias="schema")
+    task: str
+    task_title: str = ""
+    track: str = "sim"
+    agent: str
+    seed: int
+    outcome: Outcome
+    score: float | None = None
+    score_ci: tuple[float, float] | None = None
+    leaderboard_score: float = 1.0
+    raw_score: float | None = None
+    raw_score_ci: tuple[float, float] | None = None
+    objective: ObjectiveSummary | None = None
+    improvement: dict[str, MetricComparison] = Field(default_factory=dict)
+    gates: dict[str, GateResult] = Field(default_factory=dict)
+    baseline: SideResult | None = None
+    submission: SideResult | None = None
+    best_seen: ExperimentResult | None = None
+    process: ProcessStats = Field(default_factory=ProcessStats)
+    budget: BudgetSummary = Field(default_factory=BudgetSummary)
+    evaluation: EvaluationInfo = Field(default_factory=EvaluationInfo)
+    scoring_seed: int | None = None
+    agent_error: str | None = None
+    error: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    started_at: str = ""
+    finished_at: str = ""
+    timing: Timing = Field(default_factory=Timing)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    _skipped: bool = PrivateAttr(default=False)
+
+    @property
+    def skipped(self) -> bool:
+        """True when :func:`~servegym.runner.trial.run_trial` found this trial finished and
+        did not run it again."""
+        return self._skipped
+
+    def mark_skipped(self) -> None:
+        self._skipped = True
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2, by_alias=True) + "\n"
+
+
+def trial_dir_name(task: str, agent: str, seed: int) -> str:
+    return f"{task}__{agent}__s{seed}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_trial(result: TrialResult, folder: Path) -> Path:
+    path = folder / TRIAL_FILE
+    write_atomic(path, result.to_json())
+    return path
+
+
+def read_trial(path: Path) -> TrialResult:
+    return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def strip_volatile(data: dict[str, Any]) -> dict[str, Any]:
+    """``trial.json`` as a dict without its wall-clock keys (for reproducibility checks)."""
+    return {k: v for k, v in data.items() if k not in VOLATILE_KEYS}
+
+
+def load_trial_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data

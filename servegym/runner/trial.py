@@ -1,0 +1,286 @@
+"""One trial end to end: an agent works a task within its budget, then its submission is
+scored in a fresh evaluation on the hidden scoring workload.
+
+:func:`run_trial` writes ``DIR/<task>__<agent>__s<seed>/``:
+
+- ``experiments.jsonl``: every experiment of the agent phase, one
+  :class:`~servegym.agents.base.ExperimentResult` per line, appended as they happen;
+- ``trial.json``: the :class:`~servegym.runner.results.TrialResult` (written atomically,
+  last; its presence marks the trial finished, and a finished trial is skipped unless
+  ``force``);
+- ``agent_error.txt`` / ``harness_error.txt``: the traceback, when the agent or the
+  harness raised.
+
+Outcomes: the evaluation's (``scored``, ``accuracy_failed``, ``integrity_flagged``,
+``launch_failed``) when there is a submission, whether or not the agent raised afterwards
+(the last submission stands; ``agent_error`` keeps what it raised); ``crashed`` when the
+agent raised before submitting anything; ``no_submission`` when it returned without one;
+``harness_error`` when the harness itself failed (the message is in ``error``, never a
+traceback on the console). A non-scored trial keeps ``score`` null and
+``leaderboard_score`` 1.0.
+
+Everything but ``started_at``, ``finished_at`` and ``timing`` is a function of the task, the
+agent, the seed, the code and the harness secret: the same seed gives the same trial.json.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pydantic
+
+import servegym
+from servegym.agents.base import BudgetExhausted, ExperimentResult, make_agent
+from servegym.errors import UserError
+from servegym.runner.environment import HarnessError, SimTaskEnvironment
+from servegym.runner.evaluation import Evaluation, evaluate
+from servegym.runner.results import (
+    EXPERIMENTS_FILE,
+    TRIAL_FILE,
+    BudgetSummary,
+    Outcome,
+    ProcessStats,
+    TimeToBest,
+    Timing,
+    TrialResult,
+    read_trial,
+    trial_dir_name,
+    write_trial,
+)
+from servegym.runner.secrets import scoring_seed
+from servegym.tasks.loader import LoadedTask, load_task
+
+AGENT_ERROR_FILE = "agent_error.txt"
+HARNESS_ERROR_FILE = "harness_error.txt"
+
+
+class TrialProgress:
+    """Callbacks a caller (the command line) gets during a trial; the defaults do nothing."""
+
+    def start(self, loaded: LoadedTask, agent: str, seed: int) -> None:
+        """The agent phase begins."""
+
+    def experiment(self, result: ExperimentResult, budget_limit: float | None) -> None:
+        """An experiment finished."""
+
+    def stage(self, stage: str, done: int, total: int) -> None:
+        """Progress of a later stage (``evaluation``)."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def versions() -> dict[str, str]:
+    return {
+        "servegym": servegym.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pydantic": pydantic.VERSION,
+    }
+
+
+def trial_folder(out_dir: Path, task_id: str, agent: str, seed: int) -> Path:
+    return out_dir / trial_dir_name(task_id, agent, seed)
+
+
+def finished_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> TrialResult | None:
+    """The finished trial in ``out_dir``, or None (also when its trial.json is unreadable,
+    which a re-run then replaces)."""
+    path = trial_folder(out_dir, task_id, agent, seed) / TRIAL_FILE
+    if not path.is_file():
+        return None
+    try:
+        return read_trial(path)
+    except (OSError, ValueError):
+        return None
+
+
+def process_stats(env: SimTaskEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
+    """Process analytics of the agent phase, and its best dev experiment."""
+    exps = env.experiments
+    best: ExperimentResult | None = None
+    for e in exps:
+        if (
+            e.ok
+            and e.improvement is not None
+            and (best is None or best.improvement is None or e.improvement > best.improvement)
+        ):
+            best = e
+    limit = env.budget_limit
+    ttb = TimeToBest(experiment=None, budget_fraction=None)
+    if best is not None:
+        used = best.budget.sim_gpu_seconds_used
+        ttb = TimeToBest(
+            experiment=best.index,
+            budget_fraction=used / limit if limit else None,
+            sim_gpu_seconds=used,
+        )
+    dev = env.measured_baseline(quick=False)
+    dev_value = dev.value if dev is not None else None
+    stats = ProcessStats(
+        experiments=len(exps),
+        quick_experiments=sum(1 for e in exps if e.quick),
+        distinct_configs=len({json.dumps(e.config, sort_keys=True) for e in exps}),
+        launch_failures=sum(1 for e in exps if not e.ok),
+        submissions=env.submissions,
+        dev_baseline_value=dev_value,
+        time_to_best=ttb,
+    )
+    return stats, best
+
+
+def _budget(env: SimTaskEnvironment) -> BudgetSummary:
+    state = env.budget_left()
+    return BudgetSummary(
+        used=env.sim_gpu_seconds_used,
+        limit=env.budget_limit,
+        experiments=len(env.experiments),
+        max_experiments=env.task.budget.max_experiments,
+        exhausted=state.exhausted,
+    )
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def run_trial(
+    task: str | Path | LoadedTask,
+    agent_name: str,
+    seed: int,
+    out_dir: Path,
+    force: bool = False,
+    *,
+    progress: TrialProgress | None = None,
+    tasks_root: Path | None = None,
+) -> TrialResult:
+    """Run one trial (or return the finished one, unless ``force``).
+
+    ``task`` is a task id (under ``tasks_root``, default the shipped tasks), a path to a
+    task folder, or a loaded task. Unknown tasks and agents, and bad task files, raise
+    :class:`~servegym.errors.UserError` before anything is written.
+    """
+    loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
+    if loaded.task.track != "sim":
+        raise UserError(
+            f"--task {loaded.id}: the {loaded.task.track} track cannot run yet (sim tasks only)"
+        )
+    if seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {seed}")
+    agent = make_agent(agent_name)
+    folder = trial_folder(out_dir, loaded.id, agent_name, seed)
+    if not force:
+        done = finished_trial(out_dir, loaded.id, agent_name, seed)
+        if done is not None:
+            done.mark_skipped()
+            return done
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--out: {folder} exists and is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
+    for stale in (TRIAL_FILE, EXPERIMENTS_FILE, AGENT_ERROR_FILE, HARNESS_ERROR_FILE):
+        (folder / stale).unlink(missing_ok=True)
+    prog = progress or TrialProgress()
+
+    started_at = _now()
+    t0 = time.perf_counter()
+    env = SimTaskEnvironment(
+        loaded,
+        trial_seed=seed,
+        log_path=folder / EXPERIMENTS_FILE,
+        on_experiment=lambda r: prog.experiment(r, loaded.task.budget.sim_gpu_seconds),
+    )
+    prog.start(loaded, agent_name, seed)
+    agent_error: str | None = None
+    try:
+        agent.run(env, seed)
+    except BudgetExhausted:
+        pass
+    except HarnessError:
+        pass  # env.harness_error says what happened
+    except (Exception, SystemExit) as e:  # an agent calling sys.exit() crashed too
+        if env.harness_error is None:
+            agent_error = _error_text(e)
+            (folder / AGENT_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+    finally:
+        env.close()
+    t_agent = time.perf_counter() - t0
+
+    scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
+    evaluation: Evaluation | None = None
+    error = env.harness_error
+    t1 = time.perf_counter()
+    if error is None:
+        try:
+            evaluation = evaluate(
+                loaded,
+                env.submission,
+                scoring,
+                progress=lambda stage, d, n: prog.stage(stage, d, n),
+            )
+        except Exception as e:
+            error = _error_text(e)
+            (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+    t_eval = time.perf_counter() - t1
+
+    process, best = process_stats(env)
+    outcome: Outcome
+    if error is not None or evaluation is None:
+        outcome = "harness_error"
+    elif env.submission is None:
+        outcome = "crashed" if agent_error is not None else "no_submission"
+    else:
+        outcome = evaluation.outcome
+
+    result = TrialResult(
+        task=loaded.id,
+        task_title=loaded.task.title,
+        track=loaded.task.track,
+        agent=agent_name,
+        seed=seed,
+        outcome=outcome,
+        agent_error=agent_error,
+        error=error,
+        best_seen=best,
+        process=process,
+        budget=_budget(env),
+        scoring_seed=scoring,
+        versions=versions(),
+        started_at=started_at,
+    )
+    if evaluation is not None:
+        paired = evaluation.paired
+        result.objective = evaluation.objective
+        result.improvement = evaluation.improvement
+        result.gates = evaluation.gates
+        result.baseline = evaluation.baseline
+        result.submission = evaluation.submission
+        result.evaluation = evaluation.info
+        if paired is not None:
+            result.raw_score = paired.score
+            result.raw_score_ci = paired.ci
+            if outcome == "scored":
+                result.score = paired.score
+                result.score_ci = paired.ci
+                result.leaderboard_score = paired.score
+    result.finished_at = _now()
+    result.timing = Timing(
+        wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
+    )
+    write_trial(result, folder)
+    return result
+
+
+def clear_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> None:
+    """Remove a trial's folder (tests and ``--force`` callers that want a clean slate)."""
+    shutil.rmtree(trial_folder(out_dir, task_id, agent, seed), ignore_errors=True)

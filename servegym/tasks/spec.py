@@ -1,0 +1,172 @@
+"""The task specification: what ``tasks/<id>/task.toml`` says.
+
+A task names the model, hardware, engine(s), the baseline config, the workload and its dev
+seed, the objective (and SLA), the accuracy gate and the budget. Beside it lie
+``instruction.md`` (shown to the agent) and ``oracle.toml`` (an expert ServingConfig, never
+shown to agents). The scoring seed is not in the task: the harness derives it from a secret.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servegym.engines.config import ServingConfig
+from servegym.scoring.sla import SLA
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Track = Literal["sim", "cpu", "gpu"]
+Engine = Literal["sim", "vllm", "vllm-cpu", "sglang"]
+Statistic = Literal["mean", "p50", "p90", "p95", "p99"]
+
+ObjectiveKind = Literal[
+    "output_throughput",  # output tokens/s, higher is better
+    "ttft",  # TTFT at `statistic`, lower is better
+    "tpot",
+    "itl",
+    "e2e",
+    "turn_latency",  # agentic mean (or statistic) turn latency, lower is better
+    "goodput",  # requests/s meeting every SLO at the workload's fixed rate, higher is better
+    "max_rate_at_sla",  # highest arrival rate with SLA attainment >= target, higher is better
+    "cost_at_sla",  # $ per M output tokens at that rate, lower is better
+    "composite",  # geometric mean of the components' improvement ratios
+]
+
+
+class ObjectiveSpec(_Strict):
+    """What the task scores, and in which direction.
+
+    Latency kinds take a ``statistic`` (default p90). ``max_rate_at_sla`` and ``cost_at_sla``
+    search the arrival rate (Poisson, as MLPerf's Server scenario) between ``rate_min`` and
+    ``rate_max`` for the highest rate whose SLA attainment is at least
+    ``attainment_target``; they need the task's ``sla``. ``composite`` scores the geometric
+    mean of its ``components``' improvement ratios (each with its own direction).
+    """
+
+    kind: ObjectiveKind
+    statistic: Statistic = "p90"
+    attainment_target: float = Field(default=0.9, gt=0, le=1)
+    rate_min: float = Field(default=0.1, gt=0)
+    rate_max: float = Field(default=200.0, gt=0)
+    rate_tolerance: float = Field(default=0.05, gt=0, lt=1, description="relative search step")
+    components: list[ObjectiveSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> ObjectiveSpec:
+        if self.kind == "composite" and len(self.components) < 2:
+            raise ValueError("a composite objective needs at least two components")
+        if self.kind != "composite" and self.components:
+            raise ValueError("only a composite objective has components")
+        if self.rate_min >= self.rate_max:
+            raise ValueError("rate_min must be < rate_max")
+        return self
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.kind in ("output_throughput", "goodput", "max_rate_at_sla", "composite")
+
+    @property
+    def needs_sla(self) -> bool:
+        if self.kind == "composite":
+            return any(c.needs_sla for c in self.components)
+        return self.kind in ("goodput", "max_rate_at_sla", "cost_at_sla")
+
+    def label(self) -> str:
+        if self.kind in ("ttft", "tpot", "itl", "e2e", "turn_latency"):
+            return f"{self.kind} {self.statistic}"
+        if self.kind == "composite":
+            return "composite(" + ", ".join(c.label() for c in self.components) + ")"
+        return self.kind
+
+
+class WorkloadRef(_Strict):
+    """The task's workload: a shipped workload by name, with field overrides."""
+
+    name: str
+    overrides: list[str] = Field(
+        default_factory=list, description="dotted key=value, as `--set` on the command line"
+    )
+    requests: int | None = Field(default=None, ge=1)
+    scale: float | None = Field(default=None, gt=0)
+    dev_seed: int = Field(default=0, ge=0, description="the seed agents see")
+    quick_requests: int | None = Field(
+        default=None, ge=1, description="requests of a quick experiment (default: a quarter)"
+    )
+
+
+class AccuracyGate(_Strict):
+    """The submission's accuracy must be at least ``min_ratio`` of the baseline's."""
+
+    min_ratio: float = Field(default=0.98, gt=0, le=1)
+
+
+class BudgetSpec(_Strict):
+    """What the agent phase may spend. Sim: simulated GPU-seconds (each experiment costs the
+    simulated start-up plus the benchmark's virtual duration, times the GPUs it uses); real
+    tracks: wall seconds. ``max_experiments`` caps both."""
+
+    sim_gpu_seconds: float | None = Field(default=None, gt=0)
+    wall_seconds: float | None = Field(default=None, gt=0)
+    max_experiments: int | None = Field(default=None, ge=1)
+    max_agent_tokens: int | None = Field(default=None, ge=1)
+    max_agent_dollars: float | None = Field(default=None, gt=0)
+
+
+class EvaluationSpec(_Strict):
+    """How the final evaluation measures baseline and submission (paired, alternating)."""
+
+    repeats: int = Field(default=5, ge=1, le=100)
+    bootstrap_samples: int = Field(default=2000, ge=100)
+    oracle_min_score: float = Field(
+        default=1.2, gt=1.0, description="the expert config must score at least this"
+    )
+    nop_tolerance: float = Field(
+        default=0.05, gt=0, description="the baseline must score 1.0 within this"
+    )
+
+
+class Task(_Strict):
+    """One task (``tasks/<id>/task.toml``)."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    title: str
+    track: Track
+    model: str
+    hardware: str
+    price_per_hour: float | None = Field(
+        default=None, ge=0, description="$ per GPU-hour; default: the hardware profile's"
+    )
+    engines: list[Engine] = Field(min_length=1)
+    max_gpus: int = Field(
+        default=1, ge=1, le=8, description="GPUs the deployment may use (tensor parallel cap)"
+    )
+    baseline: ServingConfig = Field(default_factory=ServingConfig)
+    workload: WorkloadRef
+    objective: ObjectiveSpec
+    sla: SLA | None = None
+    accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
+    budget: BudgetSpec
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    tags: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> Task:
+        if self.objective.needs_sla and self.sla is None:
+            raise ValueError(f"objective '{self.objective.label()}' needs an [sla] table")
+        tp = self.baseline.tensor_parallel_size or 1
+        if tp > self.max_gpus:
+            raise ValueError(
+                f"the baseline's tensor_parallel_size {tp} exceeds max_gpus {self.max_gpus}"
+            )
+        if self.track == "sim" and self.engines != ["sim"]:
+            raise ValueError("a sim task's engines must be ['sim']")
+        if self.track == "sim" and self.budget.sim_gpu_seconds is None:
+            raise ValueError("a sim task needs budget.sim_gpu_seconds")
+        if self.track != "sim" and self.budget.wall_seconds is None:
+            raise ValueError(f"a {self.track} task needs budget.wall_seconds")
+        return self

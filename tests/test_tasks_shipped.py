@@ -1,0 +1,130 @@
+"""The shipped task suite: every task loads and validates its schema, its oracle parses as a
+ServingConfig, and together the tasks cover what the suite promises (workload families,
+objectives, models, hardware, the 70B and int4 tasks). The nop and oracle checks themselves
+run in ``servegym task validate`` (and, for one small task, in test_tasks_commands.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from servegym.engines.config import ServingConfig
+from servegym.engines.sim.profiles import quantization_profiles
+from servegym.tasks.loader import LoadedTask, load_task_folder, task_folders, workload_spec
+from servegym.workloads.spec import WorkloadSpec
+
+FOLDERS = task_folders()
+
+
+@pytest.fixture(scope="module")
+def suite() -> list[tuple[LoadedTask, WorkloadSpec]]:
+    out = []
+    for folder in FOLDERS:
+        loaded = load_task_folder(folder)
+        spec, _ = workload_spec(loaded)
+        out.append((loaded, spec))
+    return out
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_task_loads_with_instruction_and_oracle(folder: object) -> None:
+    loaded = load_task_folder(folder)  # type: ignore[arg-type]
+    assert loaded.id == loaded.path.name
+    assert isinstance(loaded.oracle, ServingConfig), "every shipped task has an oracle.toml"
+    assert loaded.oracle != loaded.task.baseline
+    assert len(loaded.instruction.split()) > 40
+    assert "oracle" not in loaded.instruction.lower()
+    task = loaded.task
+    assert task.track == "sim" and task.budget.sim_gpu_seconds is not None
+    assert task.budget.max_experiments is not None
+    assert task.evaluation.oracle_min_score >= 1.2
+
+
+def test_suite_size_and_coverage(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> None:
+    tasks = [loaded.task for loaded, _ in suite]
+    assert len(tasks) >= 12
+    assert len({t.model for t in tasks}) >= 2
+    assert len({t.hardware for t in tasks}) >= 3
+    families = Counter(t.workload.name for t in tasks)
+    assert {"decode-heavy", "prefill-heavy", "balanced", "agentic", "trace"} <= set(families)
+    kinds = {t.objective.kind for t in tasks}
+    assert {
+        "output_throughput",
+        "tpot",
+        "ttft",
+        "e2e",
+        "turn_latency",
+        "goodput",
+        "max_rate_at_sla",
+        "cost_at_sla",
+        "composite",
+    } <= kinds
+    arrivals = {spec.arrival.kind for _, spec in suite}
+    assert {"offline", "poisson", "single_stream", "concurrency", "trace"} <= arrivals
+    # tail latency under Poisson load
+    assert any(
+        t.objective.kind in ("ttft", "e2e") and t.objective.statistic == "p99"
+        for t, (_, spec) in zip(tasks, suite, strict=True)
+        if spec.arrival.kind == "poisson"
+    )
+    # agentic: one single-stream task and one with concurrent sessions
+    agentic = {spec.arrival.kind for loaded, spec in suite if spec.kind == "agentic"}
+    assert {"single_stream", "concurrency"} <= agentic
+
+
+def test_a_70b_task_trades_tensor_parallelism_against_cost(
+    suite: list[tuple[LoadedTask, WorkloadSpec]],
+) -> None:
+    big = [loaded for loaded, _ in suite if loaded.task.model == "llama-3.1-70b"]
+    assert big
+    for loaded in big:
+        obj = loaded.task.objective
+        kinds = {obj.kind} | {c.kind for c in obj.components}
+        assert "cost_at_sla" in kinds  # more GPUs cost more
+        assert (loaded.task.baseline.tensor_parallel_size or 1) > 1  # BF16 70B needs several
+    tp = {(loaded.oracle.tensor_parallel_size or 1) for loaded in big if loaded.oracle}
+    base = {loaded.task.baseline.tensor_parallel_size or 1 for loaded in big}
+    assert tp - base, "some 70B oracle uses another tensor-parallel size than its baseline"
+
+
+def test_an_int4_trap_task_gates_int4_but_not_fp8(
+    suite: list[tuple[LoadedTask, WorkloadSpec]],
+) -> None:
+    q = quantization_profiles()
+    int4, fp8 = q["int4"].accuracy_ratio, q["fp8"].accuracy_ratio
+    kv_fp8 = q["kv_fp8"].accuracy_ratio
+    int8 = q["int8"].accuracy_ratio
+    # A strict gate: int4 and int8 fail it, fp8 passes.
+    traps = [
+        loaded for loaded, _ in suite if max(int4, int8) < loaded.task.accuracy.min_ratio <= fp8
+    ]
+    assert traps
+    for loaded in traps:
+        oracle = loaded.oracle
+        assert oracle is not None and oracle.quantization == "fp8"
+        kv = kv_fp8 if (oracle.kv_cache_dtype or "auto").startswith("fp8") else 1.0
+        assert fp8 * kv >= loaded.task.accuracy.min_ratio
+
+
+def test_workloads_are_small(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> None:
+    """Each experiment must simulate quickly: bounded request counts and token lengths."""
+    for loaded, spec in suite:
+        assert spec.num_requests <= 400, loaded.id
+        if spec.kind == "synthetic":
+            assert spec.scale <= 0.5, loaded.id
+
+
+def test_the_int4_trap_tempts(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> None:
+    """On the strict-gate task int4 improves the objective more than fp8 but fails the gate."""
+    from servegym.runner.environment import SimTaskEnvironment
+
+    loaded = next(lo for lo, _ in suite if "accuracy-gate" in lo.task.tags)
+    env = SimTaskEnvironment(loaded)
+    int4 = env.run_experiment(ServingConfig(quantization="int4"))
+    fp8 = env.run_experiment(ServingConfig(quantization="fp8"))
+    assert int4.improvement is not None and fp8.improvement is not None
+    assert int4.improvement > fp8.improvement > 1.2
+    min_ratio = loaded.task.accuracy.min_ratio
+    assert int4.accuracy_ratio is not None and int4.accuracy_ratio < min_ratio
+    assert fp8.accuracy_ratio is not None and fp8.accuracy_ratio >= min_ratio
