@@ -430,9 +430,10 @@ _set = object.__setattr__
 def _record(values: dict[str, object]) -> RequestRecord:
     """``RequestRecord.model_construct(**values)`` for a dict of every field: the same
     object (pydantic's own construct path) without its per-field default handling, which
-    costs more than the rest of building a record."""
+    costs more than the rest of building a record. Fields are put in declaration order, so
+    a record serialises exactly as the HTTP target's do."""
     rec: RequestRecord = _new(RequestRecord)
-    _set(rec, "__dict__", values)
+    _set(rec, "__dict__", {f: values[f] for f in _FIELDS})
     _set(rec, "__pydantic_fields_set__", set(_FIELDS_SET))
     _set(rec, "__pydantic_extra__", None)
     _set(rec, "__pydantic_private__", None)
@@ -481,41 +482,41 @@ def _records(sim: _Simulation, warmup_sessions: int) -> list[RequestRecord]:
         sid = session_ids[session_of[r]]
         k = turn_index[r]
         p, o = prompt[r], out_len[r]
+        # Fields every record shares; a rejected and a served request differ only below.
+        base: dict[str, object] = {
+            "request_id": f"{sid}-{k}",
+            "session_id": sid,
+            "turn_index": k,
+            "warmup": r < warm_limit,
+            "prompt_tokens": p,
+            "expected_output_tokens": o,
+            "scheduled_ns": sent,
+            "sent_ns": sent,
+            "empty_chunk_ns": [],
+            "output_hash": None,
+            "output_text": None,
+            "output_token_ids": None,
+        }
         if rejected[r]:
-            out.append(
-                _record(
-                    {
-                        "request_id": f"{sid}-{k}",
-                        "session_id": sid,
-                        "turn_index": k,
-                        "warmup": r < warm_limit,
-                        "prompt_tokens": p,
-                        "expected_output_tokens": o,
-                        "scheduled_ns": sent,
-                        "sent_ns": sent,
-                        "first_token_ns": None,
-                        "done_ns": None,
-                        "end_ns": sent,
-                        "chunk_ns": [],
-                        "chunk_tokens": [],
-                        "empty_chunk_ns": [],
-                        "usage_prompt_tokens": None,
-                        "usage_completion_tokens": None,
-                        "output_tokens": 0,
-                        "recount_source": "none",
-                        "output_hash": None,
-                        "output_text": None,
-                        "output_token_ids": None,
-                        "http_status": 400,
-                        "error": (
-                            f"HTTP 400: This model's maximum context length is {max_len} "
-                            f"tokens. However, you requested {p + o} tokens ({p} in the "
-                            f"messages, {o} in the completion). Please reduce the length of "
-                            "the messages or completion."
-                        ),
-                    }
-                )
+            base.update(
+                first_token_ns=None,
+                done_ns=None,
+                end_ns=sent,
+                chunk_ns=[],
+                chunk_tokens=[],
+                usage_prompt_tokens=None,
+                usage_completion_tokens=None,
+                output_tokens=0,
+                recount_source="none",
+                http_status=400,
+                error=(
+                    f"HTTP 400: This model's maximum context length is {max_len} "
+                    f"tokens. However, you requested {p + o} tokens ({p} in the "
+                    f"messages, {o} in the completion). Please reduce the length of "
+                    "the messages or completion."
+                ),
             )
+            out.append(_record(base))
             continue
         parts = ivs[r]
         if len(parts) == 1:
@@ -536,34 +537,19 @@ def _records(sim: _Simulation, warmup_sessions: int) -> list[RequestRecord]:
         else:
             chunk_tokens = [1] * len(chunk_ns)
         last = chunk_ns[-1]
-        out.append(
-            _record(
-                {
-                    "request_id": f"{sid}-{k}",
-                    "session_id": sid,
-                    "turn_index": k,
-                    "warmup": r < warm_limit,
-                    "prompt_tokens": p,
-                    "expected_output_tokens": o,
-                    "scheduled_ns": sent,
-                    "sent_ns": sent,
-                    "first_token_ns": chunk_ns[0],
-                    "done_ns": last,
-                    "end_ns": last,
-                    "chunk_ns": chunk_ns,
-                    "chunk_tokens": chunk_tokens,
-                    "empty_chunk_ns": [],
-                    "usage_prompt_tokens": p,
-                    "usage_completion_tokens": o,
-                    "output_tokens": o,
-                    "recount_source": "token_ids",
-                    "output_hash": None,
-                    "output_text": None,
-                    "output_token_ids": None,
-                    "http_status": 200,
-                    "error": None,
-                }
-            )
+        base.update(
+            first_token_ns=chunk_ns[0],
+            done_ns=last,
+            end_ns=last,
+            chunk_ns=chunk_ns,
+            chunk_tokens=chunk_tokens,
+            usage_prompt_tokens=p,
+            usage_completion_tokens=o,
+            output_tokens=o,
+            recount_source="token_ids",
+            http_status=200,
+            error=None,
         )
+        out.append(_record(base))
     out.sort(key=lambda rec: (not rec.warmup, rec.scheduled_ns, rec.session_id, rec.turn_index))
     return out
