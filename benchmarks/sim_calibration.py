@@ -255,46 +255,34 @@ def simulate_point(p: CalibrationPoint, *, max_requests: int = DEFAULT_MAX_REQUE
         reason = "prompt lengths not published and no stand-in given"
     elif out is None:
         reason = "output lengths not published and no stand-in given"
-    if reason is not None or isinstance(arrival, str) or inp is None or out is None:
+
+    def not_simulated(why: str, requests: int | None) -> Row:
         return Row(
             id=p.id,
             source=p.label,
             url=p.url,
             engine=p.engine,
             family=family,
-            setting=_setting(p, None),
+            setting=_setting(p, requests),
             metric=p.metric,
             unit=unit,
             published=p.value,
             simulated=None,
             error=None,
-            reason=reason,
-            requests=None,
+            reason=why,
+            requests=requests,
             mean_batch=None,
             preemptions=None,
         )
+
+    if reason is not None or isinstance(arrival, str) or inp is None or out is None:
+        return not_simulated(reason or "not simulable", None)
     n = _requests(w, max_requests)
     spec = _workload_spec(p.id, arrival, n, inp, out)
     try:
         metrics, run = _run(p.model, p.hardware, p.serving_config(), spec)
     except LaunchError as e:
-        return Row(
-            id=p.id,
-            source=p.label,
-            url=p.url,
-            engine=p.engine,
-            family=family,
-            setting=_setting(p, n),
-            metric=p.metric,
-            unit=unit,
-            published=p.value,
-            simulated=None,
-            error=None,
-            reason=f"launch fails: {e.message.splitlines()[0]}",
-            requests=n,
-            mean_batch=None,
-            preemptions=None,
-        )
+        return not_simulated(f"launch fails: {e.message.splitlines()[0]}", n)
     value = _metric_value(p, metrics, run.stats.num_gpus)
     return Row(
         id=p.id,
