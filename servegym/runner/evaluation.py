@@ -297,37 +297,30 @@ def evaluate(
     done = 0
     hint: float | None = None
     pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = []
-    for i in range(n_pairs):
-        b = measure_objective(
+
+    def measure(engine: LaunchedEngine, role: str, i: int) -> ObjectiveMeasurement:
+        """One run of the objective on the scoring workload, with its own noise seed."""
+        nonlocal done
+        m = measure_objective(
             task,
-            base_engine,
+            engine,
             spec,
             scoring_seed,
-            stable_seed("score-baseline", task.id, scoring_seed, i),
+            stable_seed(role, task.id, scoring_seed, i),
             base_dir=base_dir,
             workload=workload,
             rate_hint=hint,
         )
-        if i == 0:
-            hint = _rate_of(b)
         done += 1
         if progress is not None:
             progress("evaluation", done, total)
-        s: ObjectiveMeasurement | None = None
-        if sub_engine is not None:
-            s = measure_objective(
-                task,
-                sub_engine,
-                spec,
-                scoring_seed,
-                stable_seed("score-submission", task.id, scoring_seed, i),
-                base_dir=base_dir,
-                workload=workload,
-                rate_hint=hint,
-            )
-            done += 1
-            if progress is not None:
-                progress("evaluation", done, total)
+        return m
+
+    for i in range(n_pairs):
+        b = measure(base_engine, "score-baseline", i)
+        if i == 0:
+            hint = _rate_of(b)
+        s = measure(sub_engine, "score-submission", i) if sub_engine is not None else None
         pairs.append((b, s))
 
     summary.components = compare_components(pairs)
