@@ -48,7 +48,7 @@ from servegym.agents.base import (
     TaskDescription,
 )
 from servegym.engines.config import ServingConfig
-from servegym.engines.sim.defaults import KNOBS, MAX_TENSOR_PARALLEL, knob_defaults
+from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.runner.secrets import stable_seed
@@ -340,7 +340,7 @@ class SimTaskEnvironment:
         try:
             engine = self._launch(config)
         except LaunchError as e:
-            gpus = min(config.tensor_parallel_size or 1, MAX_TENSOR_PARALLEL)
+            gpus = min(config.tensor_parallel_size or 1, self.task.max_gpus)
             cost = LAUNCH_FAILURE_SIM_SECONDS * gpus
             self.sim_gpu_seconds_used += cost
             result = ExperimentResult(
