@@ -158,20 +158,18 @@ def make_single_turn() -> Callable[..., Workload]:
 @pytest.fixture(scope="session")
 def timed_mock() -> Iterator[MockProcess]:
     """A subprocess mock server with the issue's timing: TTFT 50 ms, ITL 10 ms, 1 token/chunk."""
-    mp = spawn_mock_server(["--ttft-ms", "50", "--itl-ms", "10", "--tokens-per-chunk", "1"])
-    yield mp
-    mp.proc.terminate()
-    try:
-        mp.proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        mp.proc.kill()
-        mp.proc.wait()
+    yield from _mock_process(["--ttft-ms", "50", "--itl-ms", "10", "--tokens-per-chunk", "1"])
 
 
 @pytest.fixture(scope="session")
 def fast_mock() -> Iterator[MockProcess]:
     """A subprocess mock server that answers at once: TTFT 0, ITL 0, 4 tokens a chunk."""
-    mp = spawn_mock_server(["--ttft-ms", "0", "--itl-ms", "0", "--tokens-per-chunk", "4"])
+    yield from _mock_process(["--ttft-ms", "0", "--itl-ms", "0", "--tokens-per-chunk", "4"])
+
+
+def _mock_process(args: list[str]) -> Iterator[MockProcess]:
+    """A mock server subprocess for a fixture's lifetime, stopped (then killed) after."""
+    mp = spawn_mock_server(args)
     yield mp
     mp.proc.terminate()
     try:
