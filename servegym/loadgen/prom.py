@@ -10,6 +10,7 @@ Prometheus writes them: ``vllm:prompt_tokens_total{model_name="m"}``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,6 +46,68 @@ def parse_cumulative(text: str) -> dict[str, float]:
             if any(sample.name.endswith(s) for s in suffixes):
                 out[sample_key(sample.name, sample.labels)] = float(sample.value)
     return out
+
+
+def parse_gauges(text: str, contains: tuple[str, ...] = ()) -> dict[str, float]:
+    """The gauge samples of a Prometheus text exposition whose name contains one of
+    ``contains`` (all gauges when empty)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "gauge":
+            continue
+        if contains and not any(c in family.name for c in contains):
+            continue
+        for sample in family.samples:
+            out[sample_key(sample.name, sample.labels)] = float(sample.value)
+    return out
+
+
+SAMPLED_GAUGES = ("kv_cache_usage", "num_requests_running", "num_requests_waiting")
+"""Gauges worth their peak over a run: KV-cache use and the running and waiting queues."""
+
+
+class GaugeSampler:
+    """Samples a few gauges of ``/metrics`` every ``interval_s`` during a run and keeps each
+    one's maximum. One small GET a second: far from the send path's precision budget."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, interval_s: float = 1.0
+    ) -> None:
+        self.session = session
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.interval_s = interval_s
+        self.peaks: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample_once(self) -> bool:
+        try:
+            async with asyncio.timeout(5.0), self.session.get(self.url) as resp:
+                if resp.status != 200:
+                    return False
+                text = await resp.text(errors="replace")
+            gauges = parse_gauges(text, SAMPLED_GAUGES)
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
+            return False
+        for k, v in gauges.items():
+            self.peaks[k] = max(v, self.peaks.get(k, v))
+        return True
+
+    async def _loop(self) -> None:
+        if not await self._sample_once():
+            return  # no /metrics here: stop asking
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self._sample_once()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> dict[str, float]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return dict(sorted(self.peaks.items()))
 
 
 def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:

@@ -131,6 +131,11 @@ class RunResult(BaseModel):
         default_factory=dict,
         description="Prometheus samples after minus before, when the server exposes /metrics",
     )
+    server_gauges_max: dict[str, float] = Field(
+        default_factory=dict,
+        description="peak of each sampled /metrics gauge during the measured phase "
+        "(KV-cache usage, running and waiting requests)",
+    )
     stopped_early: str | None = Field(
         default=None, description="why sending stopped before the workload ended, if it did"
     )

@@ -188,6 +188,13 @@ class Run:
         self.last_progress_ns = 0
         self.origin_ns = 0
         self.duration_hit = False
+        self.aborted: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """Send no more requests (the server died, say); requests in flight finish or fail
+        on their own, and every finished one keeps its record."""
+        if self.aborted is None:
+            self.aborted = reason
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -232,6 +239,9 @@ class Run:
                 scheduled = prev_done + round(turn.think_s * 1e9)
             if phase.stop_at is not None and scheduled >= phase.stop_at:
                 self.duration_hit = True
+                self._advance(len(turns) - k)
+                return
+            if self.aborted is not None:
                 self._advance(len(turns) - k)
                 return
             if prepared is None:
@@ -281,6 +291,9 @@ class Run:
             ahead = t - OPEN_LOOP_LOOKAHEAD_NS - perf_counter_ns()
             if ahead > 0:
                 await asyncio.sleep(ahead / 1e9)
+            if self.aborted is not None:
+                self._advance(sum(len(x.turns) for x in order[i:]))
+                break
             task = asyncio.create_task(self._open_session(s, t, phase))
             tasks.add(task)
             task.add_done_callback(done)
@@ -299,6 +312,9 @@ class Run:
         async def worker() -> None:
             scheduled = phase.t0
             while (item := queue.take()) is not None:
+                if self.aborted is not None:
+                    self._advance(len(item.session.turns) + queue.drain())
+                    return
                 if phase.stop_at is not None and scheduled >= phase.stop_at:
                     self.duration_hit = True
                     self._advance(len(item.session.turns) + queue.drain())
@@ -340,6 +356,8 @@ class Run:
         )
 
     def stopped_early(self, measured: Sequence[Session], sent: int) -> str | None:
+        if self.aborted is not None:
+            return f"aborted: {self.aborted}"
         if not self.duration_hit:
             return None
         total = sum(len(s.turns) for s in measured)

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from servegym.loadgen.records import LoadgenStats, RequestRecord, RunResult
+from servegym.scoring.server_figures import ServerFigures, server_figures
 from servegym.scoring.sla import SLA, Price
 
 __all__ = [
@@ -151,6 +152,9 @@ class Metrics(BaseModel):
     )
     stopped_early: str | None = None
     server_metrics_delta: dict[str, float] = Field(default_factory=dict)
+    server: ServerFigures | None = Field(
+        default=None, description="the server's own figures, from its /metrics"
+    )
     sla: SLA | None = None
     price: Price | None = None
 
@@ -379,6 +383,12 @@ def compute_metrics(
         server_metrics_delta={
             k: v for k, v in result.server_metrics_delta.items() if math.isfinite(v)
         },
+        server=server_figures(
+            result.server_metrics_delta,
+            result.server_gauges_max,
+            float(np.mean(ttft_ns[has_token])) / _NS_PER_MS if has_token.any() else None,
+            int(has_token.sum()),
+        ),
         sla=sla,
         price=price,
     )

