@@ -55,6 +55,8 @@ class ExitInfo(BaseModel):
         how = f"killed by {self.signal}" if self.signal else f"exit code {self.returncode}"
         if self.oom:
             how += " (out of memory)"
+        elif self.signal == "SIGKILL":
+            how += " (not by the harness: the kernel's OOM killer or another process)"
         return f"server crashed {when}: {how}"
 
 
@@ -177,7 +179,7 @@ class ServerProcess:
                     self.ready_after_s = time.monotonic() - self._started_at
                     return self.ready_after_s
                 if time.monotonic() >= deadline:
-                    self.stop()
+                    await asyncio.to_thread(self.stop)
                     raise ServerStartTimeout(
                         f"{self.spec.engine} did not become ready within "
                         f"{self.start_timeout_s:g} s; log: {self.log_path}",
@@ -210,7 +212,7 @@ class ServerProcess:
             return None
         tail = read_tail(self.log_path)
         sig = _signal_name(rc)
-        oom = bool(_OOM_PATTERNS.search(tail)) or (sig == "SIGKILL" and not self._stopping)
+        oom = bool(_OOM_PATTERNS.search(tail))
         self._exit = ExitInfo(
             returncode=rc,
             signal=sig,

@@ -11,7 +11,7 @@ records of every request that had finished.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -114,7 +114,12 @@ async def run_watched(
 ) -> tuple[RunResult, ExitInfo | None]:
     """Run ``workload`` against ``server``; if the process exits meanwhile, stop sending,
     let the requests in flight fail, and return the result with how the server ended."""
-    target = HttpTarget(server.spec.base_url)
+
+    def server_died() -> str | None:
+        info = server.poll()
+        return info.describe() if info is not None else None
+
+    target = HttpTarget(server.spec.base_url, on_failure=server_died)
     run = asyncio.create_task(target.run(workload, options, progress))
     watch = asyncio.create_task(server.wait_exit())
     try:
@@ -137,8 +142,12 @@ async def benchmark_config(
     *,
     start_timeout_s: float = 300.0,
     progress: ProgressFn | None = None,
+    on_ready: Callable[[ServerProcess], None] | None = None,
 ) -> ServedRun:
-    """Launch ``config`` once and run each workload in turn; see the module docstring."""
+    """Launch ``config`` once and run each workload in turn; see the module docstring.
+
+    ``on_ready`` is called with the running server before the first workload (to print its
+    address, or in tests to reach its process)."""
     base = {"engine": engine.name, "config": config, "log_path": str(log_path)}
     managed = ManagedServer(engine, config, model, log_path, start_timeout_s=start_timeout_s)
     try:
@@ -161,6 +170,8 @@ async def benchmark_config(
         **base,  # type: ignore[arg-type]
     )
     try:
+        if on_ready is not None:
+            on_ready(server)
         for workload in workloads:
             result, exit_info = await run_watched(server, workload, options, progress)
             out.results.append(result)

@@ -12,7 +12,7 @@ ones (reachability, ``/metrics``) over an aiohttp session.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from time import perf_counter_ns
 from typing import Any
@@ -52,6 +52,7 @@ class HttpTarget:
         api_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        on_failure: Callable[[], str | None] | None = None,
     ) -> None:
         base_url = base_url.rstrip("/")
         self.base_url = base_url[:-3] if base_url.endswith("/v1") else base_url
@@ -59,6 +60,9 @@ class HttpTarget:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.extra_body = dict(extra_body) if extra_body else None
+        self.on_failure = on_failure
+        """Asked after each failed request; a reason it returns aborts the run (a dead
+        server: without it a closed loop would fire its whole workload at a closed port)."""
         self._current: Run | None = None
         self._abort_reason: str | None = None
 
@@ -97,6 +101,7 @@ class HttpTarget:
     ) -> RunResult:
         run = Run(pool, workload, options, progress, self.extra_body)
         self._current = run
+        run.on_failure = self.on_failure
         if self._abort_reason is not None:
             run.abort(self._abort_reason)
         warm = workload.sessions[: workload.warmup_sessions]

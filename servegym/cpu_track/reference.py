@@ -1,0 +1,111 @@
+"""Reference outputs for the CPU track's accuracy gate, and the comparison with them.
+
+The reference is ``servegym-tiny`` under :data:`REFERENCE_CONFIG`: float32, no speculation,
+greedy (the harness always sends temperature 0), and one sequence at a time so that no
+batching effect can touch a logit. Outputs are the generated token ids of each request,
+computed once per prompt set (the workload's content hash) and model (its digest), and
+cached under the track's ``references/`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from servegym.cpu_track.home import TINY_MODEL, track_paths
+from servegym.cpu_track.setup import model_digest, require_cpu_track
+from servegym.engines.base import get_engine
+from servegym.engines.config import ServingConfig
+from servegym.engines.models import resolve_model
+from servegym.engines.served import benchmark_config
+from servegym.errors import UserError
+from servegym.loadgen.records import RunResult
+from servegym.loadgen.target import RunOptions
+from servegym.workloads.model import Workload
+
+REFERENCE_CONFIG = ServingConfig(dtype="float32", max_num_seqs=1)
+
+Reference = dict[str, list[int]]
+"""request id -> generated token ids."""
+
+
+class OutputMatch(BaseModel):
+    """How a run's outputs compare with the reference, request by request."""
+
+    compared: int
+    equal: int
+    missing: int
+    mismatched: list[str]
+    first_mismatch: str | None = None
+
+    @property
+    def all_equal(self) -> bool:
+        return self.compared > 0 and self.equal == self.compared and self.missing == 0
+
+
+def outputs_of(result: RunResult) -> Reference:
+    """The generated ids of each completed measured request (run with ``keep_outputs``)."""
+    return {
+        r.request_id: list(r.output_token_ids)
+        for r in result.records
+        if not r.warmup and r.ok and r.output_token_ids is not None
+    }
+
+
+def compare_outputs(result: RunResult, reference: Reference) -> OutputMatch:
+    got = outputs_of(result)
+    mismatched = sorted(k for k in reference if k in got and got[k] != reference[k])
+    first = None
+    if mismatched:
+        k = mismatched[0]
+        a, b = got[k], reference[k]
+        i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+        first = f"request {k}: token {i} is {a[i : i + 1]} where the reference has {b[i : i + 1]}"
+    compared = sum(1 for k in reference if k in got)
+    return OutputMatch(
+        compared=compared,
+        equal=compared - len(mismatched),
+        missing=len(reference) - compared,
+        mismatched=mismatched,
+        first_mismatch=first,
+    )
+
+
+def reference_path(workload: Workload, model_sha256: str) -> Path:
+    return track_paths().references / f"{model_sha256[:16]}-{workload.content_hash()[:16]}.json"
+
+
+async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
+    """The cached reference for ``workload``'s prompts, computed now if absent."""
+    paths = require_cpu_track()
+    sha = model_digest(paths.tiny_model)
+    path = reference_path(workload, sha)
+    if path.is_file():
+        data: Reference = json.loads(path.read_text())
+        return data
+    options = RunOptions(model=TINY_MODEL, keep_outputs=True)
+    served = await benchmark_config(
+        get_engine("vllm-cpu"),
+        REFERENCE_CONFIG,
+        resolve_model(TINY_MODEL),
+        [workload],
+        options,
+        log_dir / "reference-server.log",
+    )
+    if not served.ok or not served.results:
+        raise UserError(f"could not compute reference outputs: {served.message}")
+    result = served.results[0]
+    failed = [r for r in result.records if not r.warmup and not r.ok]
+    if failed:
+        raise UserError(
+            f"could not compute reference outputs: {len(failed)} requests failed "
+            f"({failed[0].error}); log: {served.log_path}"
+        )
+    ref = outputs_of(result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(ref, sort_keys=True))
+    tmp.replace(path)
+    return ref

@@ -1,0 +1,267 @@
+"""A server's own figures of a run (:mod:`servegym.scoring.server_figures`) and the gauges
+sampled from ``/metrics`` during it (:func:`~servegym.loadgen.prom.parse_gauges`,
+:class:`~servegym.loadgen.prom.GaugeSampler`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from servegym.loadgen.prom import GaugeSampler, parse_gauges
+from servegym.scoring.server_figures import server_figures
+
+L0 = '{engine="0",model_name="m"}'
+L1 = '{engine="1",model_name="m"}'
+
+VLLM_DELTA = {
+    'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}': 30.0,
+    'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"}': 2.0,
+    'vllm:request_success_total{engine="1",finished_reason="length",model_name="m"}': 8.0,
+    f"vllm:prompt_tokens_total{L0}": 3000.0,
+    f"vllm:prompt_tokens_total{L1}": 1000.0,
+    f"vllm:generation_tokens_total{L0}": 640.0,
+    f"vllm:prefix_cache_queries_total{L0}": 3000.0,
+    f"vllm:prefix_cache_queries_total{L1}": 1000.0,
+    f"vllm:prefix_cache_hits_total{L0}": 900.0,
+    f"vllm:prefix_cache_hits_total{L1}": 100.0,
+    f"vllm:num_preemptions_total{L0}": 3.0,
+    f"vllm:request_queue_time_seconds_sum{L0}": 0.5,
+    f"vllm:request_queue_time_seconds_count{L0}": 30.0,
+    f"vllm:request_queue_time_seconds_sum{L1}": 0.3,
+    f"vllm:request_queue_time_seconds_count{L1}": 10.0,
+    f"vllm:time_to_first_token_seconds_sum{L0}": 3.0,
+    f"vllm:time_to_first_token_seconds_count{L0}": 30.0,
+    f"vllm:time_to_first_token_seconds_sum{L1}": 1.0,
+    f"vllm:time_to_first_token_seconds_count{L1}": 10.0,
+    # a longer name sharing the prefix must not be summed in
+    f"vllm:prompt_tokens_total_cached{L0}": 99999.0,
+}
+GAUGES = {
+    f"vllm:kv_cache_usage_perc{L0}": 0.42,
+    f"vllm:kv_cache_usage_perc{L1}": 0.61,
+    f"vllm:num_requests_running{L0}": 12.0,
+    f"vllm:num_requests_waiting{L0}": 5.0,
+}
+
+
+def test_figures_from_a_vllm_delta() -> None:
+    f = server_figures(VLLM_DELTA, GAUGES, client_ttft_mean_ms=120.0, client_count=40)
+    assert f is not None and f.engine == "vllm"
+    assert f.requests == 40.0
+    assert f.prompt_tokens == 4000.0 and f.generation_tokens == 640.0
+    assert f.prefix_cache_queries == 4000.0 and f.prefix_cache_hits == 1000.0
+    assert f.prefix_cache_hit_rate == pytest.approx(0.25)
+    assert f.preemptions == 3.0
+    assert f.queue_time_mean_ms == pytest.approx(800.0 / 40)  # (0.5 + 0.3) s / 40
+    assert f.ttft_mean_ms == pytest.approx(100.0)  # 4 s / 40
+    assert f.kv_cache_usage_peak == pytest.approx(0.61)
+    assert f.running_peak == 12.0 and f.waiting_peak == 5.0
+    check = f.ttft_check
+    assert check is not None and check.consistent and check.note == ""
+    assert check.server_count == 40 and check.client_count == 40
+    assert check.server_mean_ms == pytest.approx(100.0)
+
+
+def test_missing_figures_are_none() -> None:
+    delta = {f"vllm:prompt_tokens_total{L0}": 10.0}
+    f = server_figures(delta, {}, client_ttft_mean_ms=50.0, client_count=3)
+    assert f is not None
+    assert f.prompt_tokens == 10.0
+    assert f.requests is None and f.prefix_cache_hit_rate is None
+    assert f.queue_time_mean_ms is None and f.ttft_mean_ms is None
+    assert f.kv_cache_usage_peak is None and f.ttft_check is None
+
+
+def test_zero_queries_give_no_hit_rate() -> None:
+    delta = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
+    f = server_figures(delta, {}, None, 0)
+    assert f is not None and f.prefix_cache_hit_rate is None
+
+
+def test_no_engine_metrics_give_none() -> None:
+    assert server_figures({}, {}, 10.0, 1) is None
+    other = {"http_requests_total": 5.0, "process_cpu_seconds_total": 1.0}
+    assert server_figures(other, GAUGES, 10.0, 1) is None
+
+
+def test_sglang_prefix() -> None:
+    delta = {
+        "sglang:prompt_tokens_total": 100.0,
+        "sglang:time_to_first_token_seconds_sum": 2.0,
+        "sglang:time_to_first_token_seconds_count": 10.0,
+    }
+    gauges = {"sglang:num_requests_running": 7.0}
+    f = server_figures(delta, gauges, 230.0, 10)
+    assert f is not None and f.engine == "sglang"
+    assert f.prompt_tokens == 100.0 and f.ttft_mean_ms == pytest.approx(200.0)
+    assert f.running_peak == 7.0
+    assert f.ttft_check is not None and f.ttft_check.consistent
+
+
+@pytest.mark.parametrize(
+    ("client_ms", "consistent"),
+    [
+        (100.0, True),
+        (500.0, True),  # the client's TTFT includes the HTTP path
+        (86.0, True),  # within 10% + 5 ms of the server's 100 ms
+        (84.0, False),
+        (2.0, False),  # a whitespace chunk streamed ahead of the first token
+    ],
+)
+def test_ttft_check(client_ms: float, consistent: bool) -> None:
+    f = server_figures(VLLM_DELTA, {}, client_ttft_mean_ms=client_ms, client_count=40)
+    assert f is not None and f.ttft_check is not None
+    check = f.ttft_check
+    assert check.consistent is consistent
+    assert check.client_mean_ms == client_ms
+    if consistent:
+        assert check.note == ""
+    else:
+        assert "sooner" in check.note and f"{100.0 - client_ms:.1f} ms" in check.note
+
+
+def test_ttft_check_notes_a_count_mismatch() -> None:
+    f = server_figures(VLLM_DELTA, {}, client_ttft_mean_ms=120.0, client_count=37)
+    assert f is not None and f.ttft_check is not None
+    assert f.ttft_check.consistent
+    assert f.ttft_check.note == "server counted 40 first tokens, clients 37"
+    faked = server_figures(VLLM_DELTA, {}, client_ttft_mean_ms=1.0, client_count=37)
+    assert faked is not None and faked.ttft_check is not None
+    assert not faked.ttft_check.consistent
+    assert "sooner" in faked.ttft_check.note and "clients 37" in faked.ttft_check.note
+
+
+def test_no_ttft_check_without_a_client_mean() -> None:
+    f = server_figures(VLLM_DELTA, {}, client_ttft_mean_ms=None, client_count=0)
+    assert f is not None and f.ttft_check is None and f.ttft_mean_ms is not None
+
+
+# --- parse_gauges ---------------------------------------------------------------------------
+
+TEXT = """\
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.25
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16"} 1
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="m"} 100
+# TYPE vllm:ttft_seconds histogram
+vllm:ttft_seconds_bucket{le="+Inf",model_name="m"} 3
+vllm:ttft_seconds_count{model_name="m"} 3
+vllm:ttft_seconds_sum{model_name="m"} 0.25
+"""
+
+
+def test_parse_gauges() -> None:
+    everything = parse_gauges(TEXT)
+    assert everything == {
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"}': 0.25,
+        'vllm:num_requests_running{model_name="m"}': 3.0,
+        'vllm:num_requests_waiting{model_name="m"}': 0.0,
+        'vllm:cache_config_info{block_size="16"}': 1.0,
+    }
+    some = parse_gauges(TEXT, ("kv_cache_usage", "num_requests_waiting"))
+    assert set(some) == {
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"}',
+        'vllm:num_requests_waiting{model_name="m"}',
+    }
+    assert parse_gauges("") == {}
+
+
+# --- GaugeSampler ---------------------------------------------------------------------------
+
+KV_VALUES = [0.1, 0.5, 0.9, 0.3, 0.2]
+
+
+def metrics_text(kv: float, running: int) -> str:
+    return (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{model_name="m"} 1000\n'
+    )
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[web.Application], object]]:
+    servers: list[TestServer] = []
+
+    async def start(app: web.Application) -> TestServer:
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        await s.close()
+
+
+async def test_gauge_sampler_keeps_each_peak(serve: Callable[..., object]) -> None:
+    hits: list[int] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        i = len(hits)
+        hits.append(i)
+        kv = KV_VALUES[min(i, len(KV_VALUES) - 1)]
+        return web.Response(text=metrics_text(kv, running=i % 3))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server: TestServer = await serve(app)  # type: ignore[misc]
+    async with aiohttp.ClientSession() as http:
+        sampler = GaugeSampler(http, str(server.make_url("/")), interval_s=0.02)
+        sampler.start()
+        for _ in range(500):
+            if len(hits) > len(KV_VALUES):
+                break
+            await asyncio.sleep(0.01)
+        peaks = await sampler.stop()
+    assert len(hits) > len(KV_VALUES)
+    assert peaks == {
+        'vllm:kv_cache_usage_perc{model_name="m"}': 0.9,
+        'vllm:num_requests_running{model_name="m"}': 2.0,
+    }
+    stopped_at = len(hits)
+    await asyncio.sleep(0.1)
+    assert len(hits) == stopped_at  # stop() really stops it
+
+
+async def test_gauge_sampler_stops_asking_without_metrics(serve: Callable[..., object]) -> None:
+    hits: list[str] = []
+
+    async def not_found(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        raise web.HTTPNotFound()
+
+    app = web.Application()
+    app.router.add_get("/metrics", not_found)
+    server: TestServer = await serve(app)  # type: ignore[misc]
+    async with aiohttp.ClientSession() as http:
+        sampler = GaugeSampler(http, str(server.make_url("/")), interval_s=0.02)
+        sampler.start()
+        await asyncio.sleep(0.3)
+        peaks = await sampler.stop()
+    assert hits == ["/metrics"]
+    assert peaks == {}
+
+
+async def test_gauge_sampler_without_a_server() -> None:
+    async with aiohttp.ClientSession() as http:
+        sampler = GaugeSampler(http, "http://127.0.0.1:9", interval_s=0.02)
+        sampler.start()
+        await asyncio.sleep(0.1)
+        assert await sampler.stop() == {}
+        assert await sampler.stop() == {}  # twice is fine
