@@ -6,6 +6,7 @@ Every error a user can cause ends in one line naming what is wrong and exit code
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -348,11 +349,17 @@ def serve(
         raise typer.Exit(code)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
 
     Usage errors (a bad flag or flag value) are Typer's own: one message, exit code 2.
     """
+    # SIGTERM unwinds like Ctrl-C, so every server a command started is stopped on the way out.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except UserError as e:

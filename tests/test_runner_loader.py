@@ -127,6 +127,16 @@ def test_schema_errors_name_file_and_field(
         assert needle in msg, msg
 
 
+def test_fewer_than_five_repeats_are_refused(tmp_path: Path) -> None:
+    # The score's bootstrap interval is over pairs: 3 pairs cannot give a 95% interval.
+    make(tmp_path, "t", toml=GOOD.format(id="t") + "\n[evaluation]\nrepeats = 3\n")
+    msg = error_of(tmp_path, "t")  # one line, no traceback
+    assert msg.startswith(str(tmp_path / "t" / "task.toml"))
+    assert "'evaluation.repeats'" in msg and "at least 5" in msg and "got 3" in msg, msg
+    make(tmp_path, "five", toml=GOOD.format(id="five") + "\n[evaluation]\nrepeats = 5\n")
+    assert load_task("five", tmp_path).task.evaluation.repeats == 5
+
+
 def test_id_must_match_the_folder(tmp_path: Path) -> None:
     make(tmp_path, "t", toml=GOOD.format(id="other"))
     msg = error_of(tmp_path, "t")

@@ -190,7 +190,7 @@ def test_baseline_submission_scores_one_within_its_interval(tmp_path: Path) -> N
     assert r.leaderboard_score == r.score and r.raw_score == r.score
     assert all(g.passed for g in r.gates.values())
     assert r.process.experiments == 0 and r.best_seen is None
-    assert r.objective is not None and len(r.objective.pairs) == 4  # repeats
+    assert r.objective is not None and len(r.objective.pairs) == 5  # repeats
     assert r.baseline is not None and r.submission is not None
     assert r.baseline.config == r.submission.config == {"max_num_seqs": 8}
 
@@ -346,7 +346,7 @@ def test_trial_json_layout(tmp_path: Path) -> None:
     assert data["scoring_seed"] != 3  # never the dev seed
     assert set(data["gates"]) == {"launch", "accuracy", "integrity"}
     assert data["baseline"]["metrics"]["completed"] == 40
-    assert data["evaluation"]["repeats"] == 4 and data["evaluation"]["workload_hash"]
+    assert data["evaluation"]["repeats"] == 5 and data["evaluation"]["workload_hash"]
     assert read_trial(folder / TRIAL_FILE).score == data["score"]
     assert not list(folder.glob("*.tmp"))
 

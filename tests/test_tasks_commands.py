@@ -33,7 +33,7 @@ def small_task(root: Path, task_id: str = "tiny") -> Path:
     toml = folder / "task.toml"
     text = toml.read_text()
     text = re.sub(r"^requests = \d+", "requests = 60", text, flags=re.M)
-    text = re.sub(r"^repeats = \d+", "repeats = 2", text, flags=re.M)
+    text = re.sub(r"^repeats = \d+", "repeats = 5", text, flags=re.M)
     toml.write_text(text)
     return folder
 

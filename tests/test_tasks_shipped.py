@@ -19,9 +19,12 @@ FOLDERS = task_folders()
 
 @pytest.fixture(scope="module")
 def suite() -> list[tuple[LoadedTask, WorkloadSpec]]:
+    """The sim tasks (the suite's coverage promises are about them)."""
     out = []
     for folder in FOLDERS:
         loaded = load_task_folder(folder)
+        if loaded.task.track != "sim":
+            continue
         spec, _ = workload_spec(loaded)
         out.append((loaded, spec))
     return out
@@ -36,7 +39,10 @@ def test_task_loads_with_instruction_and_oracle(folder: object) -> None:
     assert len(loaded.instruction.split()) > 40
     assert "oracle" not in loaded.instruction.lower()
     task = loaded.task
-    assert task.track == "sim" and task.budget.sim_gpu_seconds is not None
+    if task.track == "sim":
+        assert task.budget.sim_gpu_seconds is not None
+    else:
+        assert task.budget.wall_seconds is not None and task.price_per_hour is not None
     assert task.budget.max_experiments is not None
     assert task.evaluation.oracle_min_score >= 1.2
 
@@ -128,3 +134,22 @@ def test_the_int4_trap_tempts(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> N
     min_ratio = loaded.task.accuracy.min_ratio
     assert int4.accuracy_ratio is not None and int4.accuracy_ratio < min_ratio
     assert fp8.accuracy_ratio is not None and fp8.accuracy_ratio >= min_ratio
+
+
+def test_cpu_tasks_fit_the_cpu_track() -> None:
+    """Three cpu-track tasks, each on servegym-tiny with prompts inside its vocabulary and
+    context, each with an oracle that changes what the track rewards."""
+    from servegym.cpu_track.home import TINY_MODEL
+
+    cpu = [load_task_folder(f) for f in FOLDERS]
+    cpu = [lo for lo in cpu if lo.task.track == "cpu"]
+    assert len(cpu) >= 3
+    for loaded in cpu:
+        task = loaded.task
+        assert task.model == TINY_MODEL and task.engines == ["vllm-cpu"]
+        spec, _ = workload_spec(loaded)
+        assert spec.prompt.token_id_high <= 4096 and spec.prompt.token_id_low >= 5
+        longest = spec.input_tokens.max or spec.input_tokens.value
+        assert longest is not None and longest * spec.scale + 64 <= 4096
+        assert task.evaluation.repeats >= 5
+        assert loaded.oracle is not None and loaded.oracle != task.baseline

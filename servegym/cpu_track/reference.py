@@ -92,7 +92,7 @@ async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
         resolve_model(TINY_MODEL),
         [workload],
         options,
-        log_dir / "reference-server.log",
+        log_dir / f"reference-{workload.content_hash()[:12]}.log",
     )
     if not served.ok or not served.results:
         raise UserError(f"could not compute reference outputs: {served.message}")
@@ -109,3 +109,26 @@ async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
     tmp.write_text(json.dumps(ref, sort_keys=True))
     tmp.replace(path)
     return ref
+
+
+def agreement(result: RunResult, reference: Reference) -> float:
+    """How closely a run's outputs follow the reference, from 0 to 1: for each reference
+    request, the share of its tokens generated before the first divergence (a missing or
+    failed request counts 0), averaged over the requests.
+
+    Greedy decoding makes every token after a divergence depend on it, so the prefix that
+    agrees is the part that can be compared; a config that changes the numerics (bfloat16,
+    int8 weights) diverges early, one that only reschedules work does not diverge at all.
+    """
+    if not reference:
+        return 0.0
+    got = outputs_of(result)
+    total = 0.0
+    for key, want in reference.items():
+        have = got.get(key)
+        if not have or not want:
+            continue
+        n = min(len(have), len(want))
+        same = next((i for i in range(n) if have[i] != want[i]), n)
+        total += same / len(want)
+    return total / len(reference)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +30,7 @@ from pydantic import BaseModel
 from servegym.engines.base import LaunchSpec
 
 READY_PATHS = ("/health", "/v1/models")
+PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 40
 _OOM_PATTERNS = re.compile(
     r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill",
@@ -146,6 +149,7 @@ class ServerProcess:
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as e:
                 info = ExitInfo(returncode=127, phase="start", log_tail=str(e))
@@ -276,6 +280,22 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.stop)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the harness dies, even by
+    SIGKILL, so a killed harness leaves no server behind (its workers follow their parent).
+
+    Linux ties this to the thread that started the child: servers are started from the
+    event loop's thread, which lives as long as the harness does. Elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -11,6 +11,7 @@ records of every request that had finished.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,8 @@ from servegym.loadgen.target import ProgressFn, RunOptions
 from servegym.workloads.model import Workload
 
 Outcome = Literal["ok", "rejected", "launch_failed", "crashed"]
+DEATH_CONFIRM_S = 0.1
+"""How long a request that got no HTTP answer waits for the server's exit to show."""
 PORT_RETRIES = 3
 """New ports to try when another process took the free port before the server bound it."""
 
@@ -115,8 +118,15 @@ async def run_watched(
     """Run ``workload`` against ``server``; if the process exits meanwhile, stop sending,
     let the requests in flight fail, and return the result with how the server ended."""
 
-    def server_died() -> str | None:
+    def server_died(status: int | None) -> str | None:
         info = server.poll()
+        if info is None and status is None:
+            # No HTTP answer: a killed server closes its sockets a moment before the kernel
+            # reports its exit; wait that moment out rather than fire more requests at it.
+            deadline = time.monotonic() + DEATH_CONFIRM_S
+            while info is None and time.monotonic() < deadline:
+                time.sleep(0.002)
+                info = server.poll()
         return info.describe() if info is not None else None
 
     target = HttpTarget(server.spec.base_url, on_failure=server_died)

@@ -52,7 +52,7 @@ class HttpTarget:
         api_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-        on_failure: Callable[[], str | None] | None = None,
+        on_failure: Callable[[int | None], str | None] | None = None,
     ) -> None:
         base_url = base_url.rstrip("/")
         self.base_url = base_url[:-3] if base_url.endswith("/v1") else base_url
@@ -61,8 +61,9 @@ class HttpTarget:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.extra_body = dict(extra_body) if extra_body else None
         self.on_failure = on_failure
-        """Asked after each failed request; a reason it returns aborts the run (a dead
-        server: without it a closed loop would fire its whole workload at a closed port)."""
+        """Asked after each failed request with its HTTP status (``None``: no HTTP answer);
+        a reason it returns aborts the run (a dead server: without it a closed loop would
+        fire its whole workload at a closed port)."""
         self._current: Run | None = None
         self._abort_reason: str | None = None
 

@@ -189,8 +189,9 @@ class Run:
         self.origin_ns = 0
         self.duration_hit = False
         self.aborted: str | None = None
-        self.on_failure: Callable[[], str | None] | None = None
-        """Asked after each failed request: a reason to stop sending, or ``None``."""
+        self.on_failure: Callable[[int | None], str | None] | None = None
+        """Asked after each failed request, with its HTTP status (``None``: no HTTP answer):
+        a reason to stop sending, or ``None``."""
 
     def abort(self, reason: str) -> None:
         """Send no more requests (the server died, say); requests in flight finish or fail
@@ -263,7 +264,7 @@ class Run:
             done = done_time(res)
             if done is None:
                 if self.on_failure is not None and self.aborted is None:
-                    reason = self.on_failure()
+                    reason = self.on_failure(res.status)
                     if reason is not None:
                         self.abort(reason)
                 self._advance(len(turns) - k)

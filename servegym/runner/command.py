@@ -46,7 +46,8 @@ class _RichProgress(TrialProgress):
         self.failures = 0
 
     def start(self, loaded: LoadedTask, agent: str, seed: int) -> None:
-        limit = loaded.task.budget.sim_gpu_seconds
+        b = loaded.task.budget
+        limit = b.sim_gpu_seconds if loaded.task.track == "sim" else b.wall_seconds
         self.agent_bar = self.progress.add_task(
             f"{agent}: 0 experiments", total=limit if limit else 1.0
         )
@@ -61,7 +62,7 @@ class _RichProgress(TrialProgress):
             self.failures += 1
         best = f", best {self.best:.3f}x" if self.best is not None else ""
         fails = f", {self.failures} failed" if self.failures else ""
-        used = result.budget.sim_gpu_seconds_used
+        used = result.budget.sim_gpu_seconds_used or result.budget.wall_seconds_used
         self.progress.update(
             self.agent_bar,
             completed=min(used, budget_limit) if budget_limit else used,
@@ -187,7 +188,8 @@ def render_trial(result: TrialResult, folder: Path | None = None) -> Group:
     lines.append(
         Text(
             f"{p.experiments} experiments ({p.distinct_configs} distinct configs, "
-            f"{p.launch_failures} launch failures), {b.used:,.0f}{limit} simulated GPU-seconds"
+            f"{p.launch_failures} launch failures), {b.used:,.0f}{limit} "
+            f"{'wall seconds' if b.unit == 'wall_seconds' else 'simulated GPU-seconds'}"
             f"{best}"
         )
     )

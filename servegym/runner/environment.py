@@ -225,6 +225,12 @@ class SimTaskEnvironment:
     def budget_limit(self) -> float | None:
         return self.task.budget.sim_gpu_seconds
 
+    budget_unit = "sim_gpu_seconds"
+
+    @property
+    def budget_used(self) -> float:
+        return self.sim_gpu_seconds_used
+
     def _wall_used(self) -> float:
         if self.task.budget.wall_seconds is None:
             return 0.0

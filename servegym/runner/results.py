@@ -131,6 +131,7 @@ class TimeToBest(_Model):
         description="budget used when it finished, over the limit"
     )
     sim_gpu_seconds: float | None = None
+    wall_seconds: float | None = Field(default=None, description="real tracks' budget unit")
 
 
 class ProcessStats(_Model):

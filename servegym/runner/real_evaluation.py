@@ -1,0 +1,280 @@
+"""The final evaluation of a real-track submission: fresh servers, hidden workload, pairs.
+
+As on the simulator (:mod:`servegym.runner.evaluation`): the scoring workload is the task's
+spec at the hidden scoring seed; the harness launches the baseline and the submission
+itself from their configs alone, and measures them in alternating pairs ``B, S, B, S, ...``
+for ``task.evaluation.repeats`` repeats, on two servers that stay up for the whole
+evaluation (a start-up per run would cost minutes and measure nothing more). The score is
+the geometric mean of the pairs' improvement ratios with its bootstrap interval.
+
+Gates: the config's integrity; the launch (a config the engine's capability table refuses,
+or a server that does not start, is ``launch_failed``); the outputs' integrity (every
+scoring request completed with its forced length, counted by the harness); accuracy: the
+agreement of each side's outputs with the reference model's on the scoring prompts
+(:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
+least the task's ``accuracy.min_ratio``. A submission whose server dies during the
+evaluation is ``crashed``; a baseline that does not run is a broken task
+(:class:`~servegym.runner.environment.HarnessError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from servegym.cpu_track.reference import agreement
+from servegym.engines.base import Engine, ModelRef, get_engine
+from servegym.engines.capabilities import ConfigRejected
+from servegym.engines.config import ServingConfig
+from servegym.engines.models import resolve_model
+from servegym.engines.process import ServerError, ServerProcess
+from servegym.engines.served import ManagedServer, run_watched
+from servegym.loadgen.records import RunResult
+from servegym.loadgen.target import RunOptions
+from servegym.runner.environment import HarnessError
+from servegym.runner.evaluation import (
+    Evaluation,
+    ProgressFn,
+    compare_components,
+    compare_metrics,
+)
+from servegym.runner.real_environment import outputs_reference
+from servegym.runner.real_measure import measure_run, real_price
+from servegym.runner.results import EvaluationInfo, ObjectiveSummary, Outcome, SideResult
+from servegym.runner.secrets import stable_seed
+from servegym.scoring import gates
+from servegym.scoring.gates import GateResult
+from servegym.scoring.objectives import (
+    UNITS,
+    IntegrityCounts,
+    ObjectiveMeasurement,
+    measurement_improvement,
+)
+from servegym.scoring.score import PairedScore, paired_score
+from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.workloads.generate import materialise
+
+START_TIMEOUT_S = 300.0
+
+
+def _changed(config: Any) -> dict[str, Any]:
+    if isinstance(config, ServingConfig):
+        data: dict[str, Any] = config.model_dump(mode="json", exclude_defaults=True)
+        return data
+    return {"value": repr(config)}
+
+
+async def _start(server: ManagedServer) -> tuple[ServerProcess | None, str | None]:
+    try:
+        return await server.start(), None
+    except ConfigRejected as e:
+        return None, e.message
+    except ServerError as e:
+        return None, e.message
+
+
+def _side(
+    config: Any,
+    proc: ServerProcess | None,
+    error: str | None,
+    measurements: list[ObjectiveMeasurement],
+    accuracy: float | None,
+    price: float | None,
+) -> SideResult:
+    integrity = IntegrityCounts()
+    for m in measurements:
+        integrity = integrity.add(m.integrity)
+    return SideResult(
+        config=_changed(config),
+        launched=proc is not None,
+        launch_error=error,
+        accuracy_ratio=accuracy,
+        num_gpus=1 if proc is not None else None,
+        startup_s=proc.ready_after_s if proc is not None else None,
+        price_per_hour=price if proc is not None else None,
+        objective_values=[m.value for m in measurements],
+        rates=[None for _ in measurements],
+        metrics=measurements[0].metrics if measurements else None,
+        integrity=integrity,
+    )
+
+
+def evaluate_real(
+    loaded: LoadedTask,
+    submission: Any,
+    scoring_seed: int,
+    *,
+    server_logs: Path,
+    progress: ProgressFn | None = None,
+    engine: Engine | None = None,
+    model: ModelRef | None = None,
+) -> Evaluation:
+    """Score ``submission`` against the task's baseline on real servers (see the module
+    docstring). Raises :class:`HarnessError` when the baseline does not run. ``engine`` and
+    ``model`` default to the task's (tests pass stand-ins)."""
+    engine = engine if engine is not None else get_engine(loaded.task.engines[0])
+    model = model if model is not None else resolve_model(loaded.task.model)
+    return asyncio.run(
+        _evaluate(loaded, submission, scoring_seed, server_logs, progress, engine, model)
+    )
+
+
+async def _evaluate(
+    loaded: LoadedTask,
+    submission: Any,
+    scoring_seed: int,
+    server_logs: Path,
+    progress: ProgressFn | None,
+    engine: Engine,
+    model: ModelRef,
+) -> Evaluation:
+    task = loaded.task
+    objective = task.objective
+    repeats = task.evaluation.repeats
+    spec, base_dir = workload_spec(loaded)
+    workload = materialise(spec, scoring_seed, base_dir=base_dir)
+    info = EvaluationInfo(
+        repeats=repeats,
+        workload=spec.name,
+        requests=spec.num_requests,
+        workload_hash=workload.content_hash(),
+        bootstrap_samples=task.evaluation.bootstrap_samples,
+    )
+    summary = ObjectiveSummary(
+        label=objective.label(),
+        kind=objective.kind,
+        unit=UNITS[objective.kind],
+        higher_is_better=objective.higher_is_better,
+    )
+    reference = await asyncio.to_thread(outputs_reference, engine, model, workload, server_logs)
+    options = RunOptions(model=model.served_name, keep_outputs=True)
+    price = real_price(task)
+    price_per_hour = price.price_per_hour if price is not None else None
+
+    if submission is None:
+        none = gates.not_reached("no submission")
+        gate: dict[str, GateResult] = {"launch": none, "accuracy": none, "integrity": none}
+    else:
+        gate = {
+            "launch": gates.not_reached("integrity check failed first"),
+            "accuracy": gates.not_reached("the submission did not launch"),
+            "integrity": gates.check_config(submission, task.engines),
+        }
+
+    base_server = ManagedServer(
+        engine, task.baseline, model, server_logs / "eval-baseline.log",
+        start_timeout_s=START_TIMEOUT_S,
+    )  # fmt: skip
+    sub_server: ManagedServer | None = None
+    sub_proc: ServerProcess | None = None
+    sub_error: str | None = None
+    pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = []
+    first: dict[str, RunResult] = {}
+    crashed: str | None = None
+    try:
+        base_proc, base_error = await _start(base_server)
+        if base_proc is None:
+            raise HarnessError(f"the task's baseline config does not run: {base_error}")
+        if gate["integrity"].passed:
+            assert isinstance(submission, ServingConfig)
+            config = ServingConfig.model_validate(submission.model_dump())
+            sub_server = ManagedServer(
+                engine, config, model, server_logs / "eval-submission.log",
+                start_timeout_s=START_TIMEOUT_S,
+            )  # fmt: skip
+            sub_proc, sub_error = await _start(sub_server)
+            gate["launch"] = gates.check_launch(sub_error)
+
+        n_pairs = repeats if sub_proc is not None else 1
+        total = n_pairs * (2 if sub_proc is not None else 1)
+        done = 0
+
+        async def measure(proc: ServerProcess, role: str) -> ObjectiveMeasurement | None:
+            nonlocal done
+            result, exit_info = await run_watched(proc, workload, options)
+            done += 1
+            if progress is not None:
+                progress("evaluation", done, total)
+            if exit_info is not None:
+                if role == "baseline":
+                    raise HarnessError(f"the baseline server died: {exit_info.describe()}")
+                return None
+            first.setdefault(role, result)
+            return measure_run(task, result)
+
+        for _ in range(n_pairs):
+            b = await measure(base_proc, "baseline")
+            assert b is not None
+            s: ObjectiveMeasurement | None = None
+            if sub_proc is not None:
+                s = await measure(sub_proc, "submission")
+                if s is None:
+                    exit_info = sub_proc.poll()
+                    crashed = exit_info.describe() if exit_info is not None else "server died"
+                    pairs.append((b, None))
+                    break
+            pairs.append((b, s))
+    finally:
+        await base_server.stop()
+        if sub_server is not None:
+            await sub_server.stop()
+
+    base_acc = agreement(first["baseline"], reference) if reference is not None else None
+    sub_acc = None
+    if reference is not None and "submission" in first:
+        sub_acc = agreement(first["submission"], reference)
+    if sub_proc is not None and crashed is None:
+        if base_acc is not None and sub_acc is not None:
+            gate["accuracy"] = gates.check_accuracy(sub_acc, base_acc, task.accuracy.min_ratio)
+        else:
+            gate["accuracy"] = gates.not_reached("no reference outputs on this track")
+    elif gate["integrity"].passed and sub_proc is None:
+        gate["accuracy"] = gates.not_reached("the submission did not launch")
+
+    summary.components = compare_components(pairs)
+    subs = [s for _, s in pairs if s is not None]
+    baseline_side = _side(
+        task.baseline, base_proc, None, [b for b, _ in pairs], base_acc, price_per_hour
+    )
+    submission_side: SideResult | None = None
+    if submission is not None:
+        submission_side = _side(submission, sub_proc, sub_error, subs, sub_acc, price_per_hour)
+
+    paired: PairedScore | None = None
+    if subs and submission_side is not None and crashed is None:
+        ratios = [measurement_improvement(objective, b, s) for b, s in pairs if s is not None]
+        summary.pairs = ratios
+        paired = paired_score(
+            ratios,
+            samples=task.evaluation.bootstrap_samples,
+            seed=stable_seed("bootstrap", task.id, scoring_seed),
+        )
+        outputs = gates.check_outputs(submission_side.integrity, baseline_side.integrity)
+        gate["integrity"] = gates.merge(gate["integrity"], outputs)
+
+    outcome: Outcome
+    if submission is None:
+        outcome = "no_submission"
+    elif gate["integrity"].passed is False:
+        outcome = "integrity_flagged"
+    elif gate["launch"].passed is False:
+        outcome = "launch_failed"
+    elif crashed is not None:
+        outcome = "crashed"
+    elif gate["accuracy"].passed is False:
+        outcome = "accuracy_failed"
+    else:
+        outcome = "scored"
+    return Evaluation(
+        outcome=outcome,
+        gates=gate,
+        baseline=baseline_side,
+        submission=submission_side,
+        objective=summary,
+        improvement=compare_metrics(pairs),
+        info=info,
+        paired=paired,
+        error=crashed,
+        measurements=pairs,
+    )

