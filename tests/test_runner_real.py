@@ -105,3 +105,18 @@ def test_evaluation_of_a_refused_config_and_of_no_submission(
     assert "block_size" in (ev.gates["launch"].detail or "")
     none = evaluate_real(loaded, None, 1, server_logs=tmp_path, engine=engine, model=MODEL)
     assert none.outcome == "no_submission"
+
+
+def test_each_pair_runs_its_own_sample_of_the_scoring_workload(loaded: LoadedTask) -> None:
+    """Servers stay up across pairs: replaying one sample would let the prefix cache answer
+    pairs 2 onwards, so each pair draws its own (the first at the scoring seed itself)."""
+    from servegym.runner.real_evaluation import pair_seed
+    from servegym.tasks.loader import workload_spec
+    from servegym.workloads.generate import materialise
+
+    seeds = [pair_seed(77, i) for i in range(5)]
+    assert seeds[0] == 77 and len(set(seeds)) == 5
+    spec, base = workload_spec(loaded)
+    first = materialise(spec, seeds[0], base_dir=base)
+    second = materialise(spec, seeds[1], base_dir=base)
+    assert first.content_hash() != second.content_hash()

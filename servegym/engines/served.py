@@ -21,7 +21,14 @@ from pydantic import BaseModel, Field
 from servegym.engines.base import Engine, LaunchSpec, ModelRef
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
-from servegym.engines.process import ExitInfo, ServerError, ServerProcess, free_port
+from servegym.engines.process import (
+    ExitInfo,
+    ServerError,
+    ServerProcess,
+    ServerUnresponsive,
+    free_port,
+)
+from servegym.errors import UserError
 from servegym.loadgen.http_target import HttpTarget
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import ProgressFn, RunOptions
@@ -116,19 +123,25 @@ async def run_watched(
     progress: ProgressFn | None = None,
 ) -> tuple[RunResult, ExitInfo | None]:
     """Run ``workload`` against ``server``; if the process exits meanwhile, stop sending,
-    let the requests in flight fail, and return the result with how the server ended."""
+    let the requests in flight fail, and return the result with how the server ended.
 
-    def server_died(status: int | None) -> str | None:
+    A server that is dead before the run starts gives an empty result and its exit; one
+    that is alive but does not answer raises :class:`ServerUnresponsive`.
+    """
+
+    async def server_died(status: int | None) -> str | None:
         info = server.poll()
         if info is None and status is None:
             # No HTTP answer: a killed server closes its sockets a moment before the kernel
             # reports its exit; wait that moment out rather than fire more requests at it.
             deadline = time.monotonic() + DEATH_CONFIRM_S
             while info is None and time.monotonic() < deadline:
-                time.sleep(0.002)
+                await asyncio.sleep(0.002)
                 info = server.poll()
         return info.describe() if info is not None else None
 
+    if (info := server.poll()) is not None:
+        return _empty_result(server, workload, options, info.describe()), info
     target = HttpTarget(server.spec.base_url, on_failure=server_died)
     run = asyncio.create_task(target.run(workload, options, progress))
     watch = asyncio.create_task(server.wait_exit())
@@ -136,10 +149,39 @@ async def run_watched(
         done, _ = await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
         if watch in done:
             target.abort(watch.result().describe())
-        result = await run
+        try:
+            result = await run
+        except UserError as e:  # the reachability check before the first request
+            info = server.poll()
+            if info is None:
+                raise ServerUnresponsive(
+                    f"{server.spec.engine}: {e.message}", None, server.log_path
+                ) from None
+            return _empty_result(server, workload, options, info.describe()), info
     finally:
         watch.cancel()
+        if not run.done():
+            run.cancel()
     return result, server.poll()
+
+
+def _empty_result(
+    server: ServerProcess, workload: Workload, options: RunOptions, why: str
+) -> RunResult:
+    """The result of a run that could not start: no request was sent."""
+    from datetime import UTC, datetime
+
+    return RunResult(
+        target=server.spec.base_url,
+        model=options.model,
+        workload=workload.spec.name,
+        workload_hash=workload.content_hash(),
+        seed=workload.seed,
+        started_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+        duration_s=0.0,
+        records=[],
+        stopped_early=f"aborted: {why}",
+    )
 
 
 async def benchmark_config(
@@ -183,7 +225,11 @@ async def benchmark_config(
         if on_ready is not None:
             on_ready(server)
         for workload in workloads:
-            result, exit_info = await run_watched(server, workload, options, progress)
+            try:
+                result, exit_info = await run_watched(server, workload, options, progress)
+            except ServerUnresponsive as e:
+                out.outcome, out.message = "crashed", f"{e.message}; log: {log_path}"
+                break
             out.results.append(result)
             if exit_info is not None:
                 out.outcome = "crashed"

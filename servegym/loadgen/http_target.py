@@ -12,7 +12,7 @@ ones (reachability, ``/metrics``) over an aiohttp session.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from time import perf_counter_ns
 from typing import Any
@@ -52,7 +52,7 @@ class HttpTarget:
         api_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-        on_failure: Callable[[int | None], str | None] | None = None,
+        on_failure: Callable[[int | None], Awaitable[str | None]] | None = None,
     ) -> None:
         base_url = base_url.rstrip("/")
         self.base_url = base_url[:-3] if base_url.endswith("/v1") else base_url

@@ -85,7 +85,12 @@ class GaugeSampler:
                 if resp.status != 200:
                     return False
                 text = await resp.text(errors="replace")
-            gauges = parse_gauges(text, SAMPLED_GAUGES)
+            # Keep the few wanted lines before parsing: the full exposition is large, and
+            # this runs on the loop that timestamps tokens.
+            wanted = "\n".join(
+                line for line in text.splitlines() if any(g in line for g in SAMPLED_GAUGES)
+            )
+            gauges = parse_gauges(wanted + "\n", SAMPLED_GAUGES)
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
             return False
         for k, v in gauges.items():

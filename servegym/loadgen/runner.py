@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
@@ -189,7 +189,7 @@ class Run:
         self.origin_ns = 0
         self.duration_hit = False
         self.aborted: str | None = None
-        self.on_failure: Callable[[int | None], str | None] | None = None
+        self.on_failure: Callable[[int | None], Awaitable[str | None]] | None = None
         """Asked after each failed request, with its HTTP status (``None``: no HTTP answer):
         a reason to stop sending, or ``None``."""
 
@@ -264,7 +264,7 @@ class Run:
             done = done_time(res)
             if done is None:
                 if self.on_failure is not None and self.aborted is None:
-                    reason = self.on_failure(res.status)
+                    reason = await self.on_failure(res.status)
                     if reason is not None:
                         self.abort(reason)
                 self._advance(len(turns) - k)

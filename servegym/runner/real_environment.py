@@ -196,7 +196,12 @@ class RealTaskEnvironment:
                 )
                 raise HarnessError(self.harness_error)
             m = measure_run(self.task, served.results[0])
-            self._baseline[quick] = (m, self._accuracy(served, quick))
+            try:
+                accuracy = self._accuracy(served, quick)
+            except UserError as e:
+                self.harness_error = f"reference outputs for the dev workload: {e.message}"
+                raise HarnessError(self.harness_error) from None
+            self._baseline[quick] = (m, accuracy)
         return self._baseline[quick]
 
     def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:

@@ -4,8 +4,12 @@ As on the simulator (:mod:`servegym.runner.evaluation`): the scoring workload is
 spec at the hidden scoring seed; the harness launches the baseline and the submission
 itself from their configs alone, and measures them in alternating pairs ``B, S, B, S, ...``
 for ``task.evaluation.repeats`` repeats, on two servers that stay up for the whole
-evaluation (a start-up per run would cost minutes and measure nothing more). The score is
-the geometric mean of the pairs' improvement ratios with its bootstrap interval.
+evaluation (a start-up per run would cost minutes and measure nothing more). Because the
+servers stay up, each pair runs its own sample of the workload (the scoring seed for the
+first pair, seeds derived from it for the others; both sides of a pair get the same one):
+replaying one sample would let a server's prefix cache answer pairs 2 onwards from pair
+1's prompts. The score is the geometric mean of the pairs' improvement ratios with its
+bootstrap interval.
 
 Gates: the config's integrity; the launch (a config the engine's capability table refuses,
 or a server that does not start, is ``launch_failed``); the outputs' integrity (every
@@ -56,6 +60,11 @@ from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.workloads.generate import materialise
 
 START_TIMEOUT_S = 300.0
+
+
+def pair_seed(scoring_seed: int, i: int) -> int:
+    """The workload seed of pair ``i``: the scoring seed itself for the first pair."""
+    return scoring_seed if i == 0 else stable_seed("score-pair", scoring_seed, i)
 
 
 def _changed(config: Any) -> dict[str, Any]:
@@ -133,7 +142,10 @@ async def _evaluate(
     objective = task.objective
     repeats = task.evaluation.repeats
     spec, base_dir = workload_spec(loaded)
-    workload = materialise(spec, scoring_seed, base_dir=base_dir)
+    samples = [
+        materialise(spec, pair_seed(scoring_seed, i), base_dir=base_dir) for i in range(repeats)
+    ]
+    workload = samples[0]
     info = EvaluationInfo(
         repeats=repeats,
         workload=spec.name,
@@ -172,6 +184,7 @@ async def _evaluate(
     pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = []
     first: dict[str, RunResult] = {}
     crashed: str | None = None
+    unresponsive = "the server stopped answering"
     try:
         base_proc, base_error = await _start(base_server)
         if base_proc is None:
@@ -190,9 +203,15 @@ async def _evaluate(
         total = n_pairs * (2 if sub_proc is not None else 1)
         done = 0
 
-        async def measure(proc: ServerProcess, role: str) -> ObjectiveMeasurement | None:
-            nonlocal done
-            result, exit_info = await run_watched(proc, workload, options)
+        async def measure(proc: ServerProcess, role: str, i: int) -> ObjectiveMeasurement | None:
+            nonlocal done, unresponsive
+            try:
+                result, exit_info = await run_watched(proc, samples[i], options)
+            except ServerError as e:  # alive but no longer answering
+                if role == "baseline":
+                    raise HarnessError(f"the baseline server failed: {e.message}") from None
+                unresponsive = e.message
+                return None
             done += 1
             if progress is not None:
                 progress("evaluation", done, total)
@@ -203,15 +222,15 @@ async def _evaluate(
             first.setdefault(role, result)
             return measure_run(task, result)
 
-        for _ in range(n_pairs):
-            b = await measure(base_proc, "baseline")
+        for i in range(n_pairs):
+            b = await measure(base_proc, "baseline", i)
             assert b is not None
             s: ObjectiveMeasurement | None = None
             if sub_proc is not None:
-                s = await measure(sub_proc, "submission")
+                s = await measure(sub_proc, "submission", i)
                 if s is None:
                     exit_info = sub_proc.poll()
-                    crashed = exit_info.describe() if exit_info is not None else "server died"
+                    crashed = exit_info.describe() if exit_info is not None else unresponsive
                     pairs.append((b, None))
                     break
             pairs.append((b, s))

@@ -78,8 +78,17 @@ def check_launch(error: str | None) -> GateResult:
 def check_accuracy(
     submission_accuracy: float, baseline_accuracy: float, min_ratio: float
 ) -> GateResult:
-    """The submission's accuracy over the baseline's must be at least ``min_ratio``."""
-    rel = submission_accuracy / baseline_accuracy if baseline_accuracy > 0 else 0.0
+    """The submission's accuracy over the baseline's must be at least ``min_ratio``.
+
+    A baseline with no accuracy at all (0) cannot be fallen short of: the gate passes."""
+    if baseline_accuracy <= 0:
+        return GateResult(
+            passed=True,
+            detail="the baseline's accuracy is 0: nothing to fall short of",
+            value=None,
+            threshold=min_ratio,
+        )
+    rel = submission_accuracy / baseline_accuracy
     ok = rel >= min_ratio - 1e-12
     verb = ">=" if ok else "<"
     return GateResult(
