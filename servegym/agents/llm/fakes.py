@@ -1,0 +1,659 @@
+"""Fake LLM provider servers: the Anthropic Messages API and OpenAI Chat Completions, scripted.
+
+Each server listens on 127.0.0.1 (a free port unless given one), answers the real SDKs
+pointed at its ``base_url`` with non-streaming JSON responses, and replays a script: the n-th
+answered request gets the n-th :class:`ScriptStep` (text and/or tool calls, with usage). They
+need no key and no network, so agent loops can be tested end to end, and a researcher can
+replay a run's tool calls through the real clients.
+
+- :class:`FakeAnthropic`: ``POST /v1/messages`` (content blocks ``text`` / ``tool_use``,
+  ``usage``, ``stop_reason``); ``base_url`` is ``http://127.0.0.1:PORT``.
+- :class:`FakeOpenAI`: ``POST /v1/chat/completions`` (``choices[0].message.tool_calls``,
+  ``finish_reason``, ``usage``) and ``GET /v1/models``; ``base_url`` ends in ``/v1``.
+
+Fault injection (:class:`Fault`), consumed in order: ``Fault.rate_limited(2)`` answers the
+next two requests with 429 and ``retry-after``, ``Fault.server_error()`` answers every later
+request with 500, ``Fault.slow(5.0, count=1)`` delays one request's answer (to provoke a
+client timeout). ``api_key=`` makes the server answer other keys with 401, as the real API
+does.
+
+Like the real APIs, each server checks the request's shape and answers a malformed one with
+400 naming the problem: in particular every tool call of an assistant turn must be answered
+by a tool result in the next turn (so a client that drops tool results fails here as it would
+there), and a request after the script's last step is a 400 saying the script is exhausted.
+
+Every request is recorded (:attr:`FakeServer.requests`: path, headers, parsed body, the key
+it carried, the status answered), so tests can check what a client sent.
+
+Use it as an async context manager::
+
+    async with FakeAnthropic([tool_call("run_experiment", {"config": {}}), final_text("done")])
+        as fake:
+        client = anthropic.AsyncAnthropic(api_key="test", base_url=fake.base_url)
+
+or from the command line: ``python -m servegym.agents.llm.fakes --api openai --script
+steps.json --port 8001`` (the script: a JSON list of steps as :class:`ScriptStep` fields).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from servegym.errors import UserError
+
+__all__ = [
+    "FakeAnthropic",
+    "FakeOpenAI",
+    "FakeServer",
+    "Fault",
+    "RecordedRequest",
+    "ScriptStep",
+    "ScriptedToolCall",
+    "final_text",
+    "load_script",
+    "main",
+    "tool_call",
+]
+
+
+class ScriptedToolCall(BaseModel):
+    """A tool call the fake model makes. ``arguments`` as a string is sent verbatim (OpenAI
+    sends arguments as a string anyway; use it to send malformed JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ScriptStep(BaseModel):
+    """One answer of the fake model: text, tool calls, or both.
+
+    Token counts default to a rough estimate (a token per 4 bytes of request and of answer);
+    ``stop_reason`` defaults to ``tool_use`` / ``tool_calls`` with tool calls, else
+    ``end_turn`` / ``stop`` (give the API's own word to override, e.g. ``max_tokens``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int = 0
+    stop_reason: str | None = None
+
+
+def tool_call(
+    name: str,
+    arguments: dict[str, Any] | str | None = None,
+    *,
+    id: str | None = None,
+    text: str = "",
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+) -> ScriptStep:
+    """A step that calls one tool (with optional text before the call)."""
+    return ScriptStep(
+        text=text,
+        tool_calls=[ScriptedToolCall(name=name, arguments=arguments or {}, id=id)],
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+    )
+
+
+def final_text(
+    text: str, *, input_tokens: int | None = None, output_tokens: int | None = None
+) -> ScriptStep:
+    """A step that answers with text and no tool call (the model is done)."""
+    return ScriptStep(text=text, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+_SCRIPT = TypeAdapter(list[ScriptStep])
+
+
+def load_script(path: Path | str) -> list[ScriptStep]:
+    """Read a script: a JSON list of steps (objects with :class:`ScriptStep`'s fields)."""
+    p = Path(path)
+    try:
+        return _SCRIPT.validate_json(p.read_bytes())
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read the script ({exc.strerror})") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise UserError(f"{p}: {where}: {first['msg']}") from exc
+
+
+class Fault(BaseModel):
+    """A misbehaviour for the next ``count`` requests (``None``: every request from then on).
+
+    ``status`` answers with that HTTP error (and ``retry-after`` when ``retry_after_s`` is
+    set); ``delay_s`` waits before answering (before the error, or before the normal answer
+    when ``status`` is ``None``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: int | None = None
+    count: int | None = Field(default=1, ge=1)
+    retry_after_s: float | None = None
+    delay_s: float = Field(default=0.0, ge=0.0)
+    message: str = ""
+
+    @classmethod
+    def rate_limited(cls, count: int | None = 1, retry_after_s: float = 1.0) -> Fault:
+        return cls(status=429, count=count, retry_after_s=retry_after_s)
+
+    @classmethod
+    def server_error(cls, count: int | None = None, status: int = 500) -> Fault:
+        return cls(status=status, count=count)
+
+    @classmethod
+    def slow(cls, delay_s: float, count: int | None = 1) -> Fault:
+        return cls(delay_s=delay_s, count=count)
+
+
+@dataclass
+class RecordedRequest:
+    """A request the fake received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    api_key: str | None
+    received_at: float
+    status: int = 0
+    text: str = field(default="", repr=False)
+
+
+class FakeServer:
+    """What both fakes share: the HTTP server, the script, faults and recording."""
+
+    api: ClassVar[str] = ""
+    endpoint: ClassVar[str] = ""
+    base_path: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        script: Sequence[ScriptStep],
+        *,
+        faults: Sequence[Fault] = (),
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.script = list(script)
+        self.faults = list(faults)
+        self.expected_api_key = api_key
+        self.host = host
+        self.port = port
+        self.requests: list[RecordedRequest] = []
+        self.steps_served = 0
+        self._fault_index = 0
+        self._fault_used = 0
+        self._runner: web.AppRunner | None = None
+        self._closing = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (once started)."""
+        if self._runner is None:
+            raise RuntimeError("the fake server is not started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as the SDK client's ``base_url``."""
+        return self.url + self.base_path
+
+    async def start(self) -> Self:
+        self._closing.clear()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        self._runner = runner
+        for address in runner.addresses:
+            if isinstance(address, tuple) and len(address) >= 2:
+                self.port = int(address[1])
+                break
+        return self
+
+    async def close(self) -> None:
+        self._closing.set()  # ends injected delays at once
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ inspection
+
+    def bodies(self) -> list[Any]:
+        """The parsed bodies of the requests to the API endpoint, in order."""
+        return [r.body for r in self.requests if r.path == self.endpoint]
+
+    @property
+    def exhausted(self) -> bool:
+        return self.steps_served >= len(self.script)
+
+    # ------------------------------------------------------------------ handling
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        text = (await request.read()).decode("utf-8", errors="replace")
+        try:
+            body: Any = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            body = None
+        record = RecordedRequest(
+            method=request.method,
+            path=request.path,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=body,
+            api_key=self._key_of(request),
+            received_at=time.time(),
+            text=text,
+        )
+        self.requests.append(record)
+        response = await self._answer(request, record, text)
+        record.status = response.status
+        return response
+
+    async def _answer(
+        self, request: web.Request, record: RecordedRequest, text: str
+    ) -> web.StreamResponse:
+        extra = self._other_route(request)
+        if extra is not None:
+            return extra
+        if request.path != self.endpoint or request.method != "POST":
+            return self._error(404, f"no route {request.method} {request.path}")
+        if self.expected_api_key is not None and record.api_key != self.expected_api_key:
+            return self._error(401, "invalid API key")
+        fault = self._next_fault()
+        if fault is not None:
+            if fault.delay_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), fault.delay_s)
+            if fault.status is not None:
+                headers = {}
+                if fault.retry_after_s is not None:
+                    headers["retry-after"] = f"{fault.retry_after_s:g}"
+                message = fault.message or f"injected fault: HTTP {fault.status}"
+                return self._error(fault.status, message, headers)
+        if not isinstance(record.body, dict):
+            return self._error(400, "the request body must be a JSON object")
+        problem = self.validate(record.body)
+        if problem is not None:
+            return self._error(400, problem)
+        if self.exhausted:
+            return self._error(
+                400,
+                f"fake {self.api} server: the script is exhausted after {len(self.script)} step(s)",
+            )
+        index = self.steps_served
+        self.steps_served += 1
+        step = self.script[index]
+        return web.json_response(self.render(step, index, record.body, len(text)))
+
+    def _next_fault(self) -> Fault | None:
+        while self._fault_index < len(self.faults):
+            fault = self.faults[self._fault_index]
+            if fault.count is None or self._fault_used < fault.count:
+                self._fault_used += 1
+                return fault
+            self._fault_index += 1
+            self._fault_used = 0
+        return None
+
+    def _other_route(self, request: web.Request) -> web.StreamResponse | None:
+        return None
+
+    # ------------------------------------------------------------------ per API
+
+    def _key_of(self, request: web.Request) -> str | None:
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return None
+
+    def _error(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        raise NotImplementedError
+
+    def validate(self, body: dict[str, Any]) -> str | None:
+        """What is wrong with a request body, as the real API would say; ``None`` if nothing."""
+        raise NotImplementedError
+
+    def render(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def _estimate_tokens(step: ScriptStep, request_bytes: int) -> tuple[int, int]:
+    answer = step.text + "".join(
+        c.name + (c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments))
+        for c in step.tool_calls
+    )
+    input_tokens = step.input_tokens if step.input_tokens is not None else request_bytes // 4 + 1
+    output_tokens = step.output_tokens if step.output_tokens is not None else len(answer) // 4 + 1
+    return input_tokens, output_tokens
+
+
+# --------------------------------------------------------------------------- Anthropic
+
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+class FakeAnthropic(FakeServer):
+    """A scripted Anthropic Messages API (``POST /v1/messages``, non-streaming)."""
+
+    api = "anthropic"
+    endpoint = "/v1/messages"
+    base_path = ""
+
+    def _key_of(self, request: web.Request) -> str | None:
+        return request.headers.get("x-api-key") or super()._key_of(request)
+
+    def _error(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+        return web.json_response(body, status=status, headers=headers)
+
+    def validate(self, body: dict[str, Any]) -> str | None:
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return "model: field required"
+        max_tokens = body.get("max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+            return "max_tokens: field required (a non-negative integer)"
+        for i, tool in enumerate(body.get("tools") or []):
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                return f"tools.{i}.name: field required"
+            if not isinstance(tool.get("input_schema"), dict):
+                return f"tools.{i}.input_schema: field required"
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "messages: at least one message is required"
+        pending: list[str] = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+                return f"messages.{i}.role: must be 'user' or 'assistant'"
+            content = message.get("content")
+            if isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            if not isinstance(content, list):
+                return f"messages.{i}.content: must be a string or a list of blocks"
+            blocks: list[Any] = content
+            if i == 0 and message["role"] != "user":
+                return "messages.0.role: the first message must use the 'user' role"
+            kinds = [b.get("type") if isinstance(b, dict) else None for b in blocks]
+            for j, (block, kind) in enumerate(zip(blocks, kinds, strict=True)):
+                if kind == "text" and not block.get("text"):
+                    return f"messages.{i}.content.{j}.text: text content blocks must be non-empty"
+            if message["role"] == "user":
+                results = [
+                    b.get("tool_use_id")
+                    for b, k in zip(blocks, kinds, strict=True)
+                    if k == "tool_result"
+                ]
+                if pending:
+                    missing = [t for t in pending if t not in results]
+                    if missing:
+                        return (
+                            f"messages.{i}: tool_use ids were found without tool_result blocks "
+                            f"immediately after: {', '.join(missing)}. Each tool_use block must "
+                            "have a corresponding tool_result block in the next message."
+                        )
+                stray = [r for r in results if r not in pending]
+                if stray:
+                    return (
+                        f"messages.{i}.content: unexpected tool_use_id found in tool_result "
+                        f"blocks: {stray[0]}. Each tool_result block must have a corresponding "
+                        "tool_use block in the previous message."
+                    )
+                first_other = next(
+                    (j for j, k in enumerate(kinds) if k != "tool_result"), len(kinds)
+                )
+                if "tool_result" in kinds[first_other:]:
+                    return f"messages.{i}.content: tool_result blocks must come first"
+                pending = []
+            else:
+                if pending:
+                    return (
+                        f"messages.{i}: tool_use ids were found without tool_result blocks "
+                        f"immediately after: {', '.join(pending)}"
+                    )
+                pending = [
+                    str(b.get("id")) for b, k in zip(blocks, kinds, strict=True) if k == "tool_use"
+                ]
+        return None
+
+    def render(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if step.text:
+            content.append({"type": "text", "text": step.text})
+        for j, call in enumerate(step.tool_calls):
+            arguments: Any = call.arguments
+            if isinstance(arguments, str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    arguments = json.loads(arguments)
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id or f"toolu_fake_{index:03d}_{j}",
+                    "name": call.name,
+                    "input": arguments,
+                }
+            )
+        input_tokens, output_tokens = _estimate_tokens(step, request_bytes)
+        stop = step.stop_reason or ("tool_use" if step.tool_calls else "end_turn")
+        return {
+            "id": f"msg_fake_{index:03d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", ""),
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(0, input_tokens - step.cache_read_tokens),
+                "output_tokens": output_tokens,
+                "cache_read_input_tokens": step.cache_read_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+
+
+# --------------------------------------------------------------------------- OpenAI
+
+_OPENAI_ERROR_TYPES = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "unsupported_country_region_territory"),
+    404: ("invalid_request_error", "model_not_found"),
+    429: ("requests", "rate_limit_exceeded"),
+}
+
+
+class FakeOpenAI(FakeServer):
+    """A scripted OpenAI Chat Completions API (``POST /v1/chat/completions``, non-streaming)."""
+
+    api = "openai"
+    endpoint = "/v1/chat/completions"
+    base_path = "/v1"
+
+    def _other_route(self, request: web.Request) -> web.StreamResponse | None:
+        if request.method == "GET" and request.path == "/v1/models":
+            return web.json_response(
+                {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "fake"}]}
+            )
+        return None
+
+    def _error(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        kind, code = _OPENAI_ERROR_TYPES.get(status, ("server_error", None))
+        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        return web.json_response(body, status=status, headers=headers)
+
+    def validate(self, body: dict[str, Any]) -> str | None:
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return "you must provide a model parameter"
+        for i, tool in enumerate(body.get("tools") or []):
+            if not isinstance(tool, dict) or tool.get("type") != "function":
+                return f"Invalid value for 'tools[{i}].type': expected 'function'"
+            function = tool.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                return f"Missing required parameter: 'tools[{i}].function.name'"
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "Invalid 'messages': empty array. Expected an array with minimum length 1"
+        pending: list[str] = []
+        for i, message in enumerate(messages):
+            role = message.get("role") if isinstance(message, dict) else None
+            if role not in ("system", "developer", "user", "assistant", "tool"):
+                return f"Invalid value for 'messages[{i}].role'"
+            if role == "tool":
+                call_id = message.get("tool_call_id")
+                if call_id not in pending:
+                    return (
+                        f"Invalid parameter: messages with role 'tool' must be a response to a "
+                        f"preceeding message with 'tool_calls' (messages[{i}], "
+                        f"tool_call_id {call_id!r})"
+                    )
+                pending.remove(call_id)
+                if not isinstance(message.get("content"), str):
+                    return f"Invalid type for 'messages[{i}].content': expected a string"
+                continue
+            if pending:
+                return (
+                    "An assistant message with 'tool_calls' must be followed by tool messages "
+                    f"responding to each 'tool_call_id'. The following tool_call_ids did not "
+                    f"have response messages: {', '.join(pending)}"
+                )
+            if role == "assistant":
+                for j, call in enumerate(message.get("tool_calls") or []):
+                    function = call.get("function") if isinstance(call, dict) else None
+                    if not isinstance(function, dict) or not isinstance(
+                        function.get("arguments"), str
+                    ):
+                        return (
+                            f"Invalid type for 'messages[{i}].tool_calls[{j}].function."
+                            "arguments': expected a string"
+                        )
+                    pending.append(str(call.get("id")))
+        if pending:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                f"responding to each 'tool_call_id': {', '.join(pending)}"
+            )
+        return None
+
+    def render(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": step.text or None}
+        if step.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id or f"call_fake_{index:03d}_{j}",
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": call.arguments
+                        if isinstance(call.arguments, str)
+                        else json.dumps(call.arguments),
+                    },
+                }
+                for j, call in enumerate(step.tool_calls)
+            ]
+        input_tokens, output_tokens = _estimate_tokens(step, request_bytes)
+        finish = step.stop_reason or ("tool_calls" if step.tool_calls else "stop")
+        return {
+            "id": f"chatcmpl-fake-{index:03d}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": input_tokens,
+                "completion_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens,
+                "prompt_tokens_details": {"cached_tokens": step.cache_read_tokens},
+            },
+        }
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve a script until interrupted: ``python -m servegym.agents.llm.fakes``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m servegym.agents.llm.fakes",
+        description="Serve a scripted fake Anthropic or OpenAI API on 127.0.0.1.",
+    )
+    parser.add_argument("--api", choices=["anthropic", "openai"], required=True)
+    parser.add_argument("--script", required=True, help="a JSON list of steps")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--api-key", default=None, help="answer other keys with 401")
+    args = parser.parse_args(argv)
+    try:
+        script = load_script(args.script)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cls = FakeAnthropic if args.api == "anthropic" else FakeOpenAI
+
+    async def serve() -> None:
+        async with cls(script, api_key=args.api_key, port=args.port) as fake:
+            print(f"fake {args.api} API at {fake.base_url}", flush=True)
+            await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
