@@ -177,3 +177,17 @@ def _mock_process(args: list[str]) -> Iterator[MockProcess]:
     except subprocess.TimeoutExpired:
         mp.proc.kill()
         mp.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def cpu_track_ready() -> None:
+    """Skip (fail under ``CI=true``) unless ``servegym setup cpu`` has run."""
+    from servegym.cpu_track.setup import require_cpu_track
+    from servegym.errors import UserError
+
+    try:
+        require_cpu_track()
+    except UserError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must set the CPU track up first: {e}")
+        pytest.skip(str(e))

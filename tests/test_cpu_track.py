@@ -25,14 +25,12 @@ import pytest
 
 from servegym.cpu_track.home import TINY_MODEL, track_paths
 from servegym.cpu_track.reference import compare_outputs, reference_outputs
-from servegym.cpu_track.setup import require_cpu_track
 from servegym.cpu_track.workloads import probe_workloads, tiny_workload
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess
 from servegym.engines.served import ServedRun, benchmark_config
-from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
 from servegym.scoring.metrics import Metrics, compute_metrics
 from servegym.workloads.model import Workload
@@ -50,13 +48,8 @@ OPTIONS = RunOptions(model=TINY_MODEL, keep_outputs=True)
 
 
 @pytest.fixture(scope="module")
-def track() -> None:
-    try:
-        require_cpu_track()
-    except UserError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must set the CPU track up first: {e}")
-        pytest.skip(str(e))
+def track(cpu_track_ready: None) -> None:
+    """The CPU track is set up (see conftest's ``cpu_track_ready``)."""
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,10 @@ the baseline by at least the task's stated minimum (the oracle check).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from servegym.cpu_track.setup import require_cpu_track
-from servegym.errors import UserError
 from servegym.runner.real_evaluation import evaluate_real
 from servegym.runner.secrets import scoring_seed
 from servegym.runner.trial import run_trial
@@ -26,13 +23,7 @@ TASK = "cpu-shared-prefix-ttft"
 
 
 @pytest.fixture(scope="module")
-def loaded() -> LoadedTask:
-    try:
-        require_cpu_track()
-    except UserError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must set the CPU track up first: {e}")
-        pytest.skip(str(e))
+def loaded(cpu_track_ready: None) -> LoadedTask:
     return load_task(TASK)
 
 

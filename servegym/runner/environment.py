@@ -58,6 +58,7 @@ from servegym.scoring.objectives import (
     measurement_improvement,
 )
 from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.spec import Task
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
@@ -122,7 +123,35 @@ def launch_log(loaded: LoadedTask, config: ServingConfig, message: str) -> str:
     return "\n".join(lines)
 
 
-class SimTaskEnvironment:
+class DevWorkloads:
+    """A task's dev workload, full and quick (``workload.quick_requests``, default a
+    quarter of the requests), each built once: what both tracks' environments run."""
+
+    loaded: LoadedTask
+    task: Task
+    dev_seed: int
+    _specs: dict[bool, tuple[WorkloadSpec, Path]]
+    _workloads: dict[bool, Workload]
+
+    def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
+        if quick not in self._specs:
+            requests: int | None = None
+            if quick:
+                full, _ = self._spec(False)
+                requests = self.task.workload.quick_requests or max(
+                    1, full.num_requests // QUICK_DIVISOR
+                )
+            self._specs[quick] = workload_spec(self.loaded, requests=requests)
+        return self._specs[quick]
+
+    def _workload(self, quick: bool) -> Workload:
+        if quick not in self._workloads:
+            spec, base_dir = self._spec(quick)
+            self._workloads[quick] = materialise(spec, self.dev_seed, base_dir=base_dir)
+        return self._workloads[quick]
+
+
+class SimTaskEnvironment(DevWorkloads):
     """The :class:`~servegym.agents.base.TaskEnvironment` of a sim-track task."""
 
     def __init__(
@@ -164,23 +193,6 @@ class SimTaskEnvironment:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
-        if quick not in self._specs:
-            requests: int | None = None
-            if quick:
-                full, _ = self._spec(False)
-                requests = self.task.workload.quick_requests or max(
-                    1, full.num_requests // QUICK_DIVISOR
-                )
-            self._specs[quick] = workload_spec(self.loaded, requests=requests)
-        return self._specs[quick]
-
-    def _workload(self, quick: bool) -> Workload:
-        if quick not in self._workloads:
-            spec, base_dir = self._spec(quick)
-            self._workloads[quick] = materialise(spec, self.dev_seed, base_dir=base_dir)
-        return self._workloads[quick]
 
     def _launch(self, config: ServingConfig) -> LaunchedEngine:
         spec, _ = self._spec(False)

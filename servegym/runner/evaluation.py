@@ -336,9 +336,40 @@ def evaluate(
             price = p.price_per_hour * p.gpus
         submission_side = _side(submission, sub_engine, sub_error, subs, price)
 
+    return conclude(
+        loaded,
+        submission,
+        scoring_seed,
+        gate=gate,
+        summary=summary,
+        info=info,
+        pairs=pairs,
+        baseline_side=baseline_side,
+        submission_side=submission_side,
+    )
+
+
+def conclude(
+    loaded: LoadedTask,
+    submission: Any,
+    scoring_seed: int,
+    *,
+    gate: dict[str, GateResult],
+    summary: ObjectiveSummary,
+    info: EvaluationInfo,
+    pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]],
+    baseline_side: SideResult,
+    submission_side: SideResult | None,
+    crashed: str | None = None,
+) -> Evaluation:
+    """Score the pairs, finish the integrity gate with the outputs' check, and decide the
+    outcome (gates in order; ``crashed``: the submission's server died mid-evaluation).
+    The same for every track."""
+    task = loaded.task
+    subs = [s for _, s in pairs if s is not None]
     paired: PairedScore | None = None
-    if subs and submission_side is not None:
-        ratios = [measurement_improvement(objective, b, s) for b, s in pairs if s is not None]
+    if subs and submission_side is not None and crashed is None:
+        ratios = [measurement_improvement(task.objective, b, s) for b, s in pairs if s is not None]
         summary.pairs = ratios
         paired = paired_score(
             ratios,
@@ -355,6 +386,8 @@ def evaluate(
         outcome = "integrity_flagged"
     elif gate["launch"].passed is False:
         outcome = "launch_failed"
+    elif crashed is not None:
+        outcome = "crashed"
     elif gate["accuracy"].passed is False:
         outcome = "accuracy_failed"
     else:
@@ -368,5 +401,6 @@ def evaluate(
         improvement=compare_metrics(pairs),
         info=info,
         paired=paired,
+        error=crashed,
         measurements=pairs,
     )

@@ -41,11 +41,10 @@ from servegym.engines.models import resolve_model
 from servegym.engines.served import ServedRun, benchmark_config
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
-from servegym.runner.environment import QUICK_DIVISOR, HarnessError, config_key
+from servegym.runner.environment import DevWorkloads, HarnessError, config_key
 from servegym.runner.real_measure import measure_run, real_objective_problem
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
-from servegym.tasks.loader import LoadedTask, workload_spec
-from servegym.workloads.generate import materialise
+from servegym.tasks.loader import LoadedTask
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
 from servegym.workloads.summary import summarise
@@ -81,7 +80,7 @@ def outputs_reference(
     return asyncio.run(reference_outputs(workload, log_dir))
 
 
-class RealTaskEnvironment:
+class RealTaskEnvironment(DevWorkloads):
     """The :class:`~servegym.agents.base.TaskEnvironment` of a cpu- or gpu-track task."""
 
     def __init__(
@@ -141,23 +140,6 @@ class RealTaskEnvironment:
     @property
     def budget_used(self) -> float:
         return self.wall_seconds_used
-
-    def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
-        if quick not in self._specs:
-            requests: int | None = None
-            if quick:
-                full, _ = self._spec(False)
-                requests = self.task.workload.quick_requests or max(
-                    1, full.num_requests // QUICK_DIVISOR
-                )
-            self._specs[quick] = workload_spec(self.loaded, requests=requests)
-        return self._specs[quick]
-
-    def _workload(self, quick: bool) -> Workload:
-        if quick not in self._workloads:
-            spec, base_dir = self._spec(quick)
-            self._workloads[quick] = materialise(spec, self.dev_seed, base_dir=base_dir)
-        return self._workloads[quick]
 
     def _reference(self, quick: bool) -> Reference | None:
         if quick not in self._references:

@@ -41,11 +41,11 @@ from servegym.runner.evaluation import (
     Evaluation,
     ProgressFn,
     compare_components,
-    compare_metrics,
+    conclude,
 )
 from servegym.runner.real_environment import outputs_reference
 from servegym.runner.real_measure import measure_run, real_price
-from servegym.runner.results import EvaluationInfo, ObjectiveSummary, Outcome, SideResult
+from servegym.runner.results import EvaluationInfo, ObjectiveSummary, SideResult
 from servegym.runner.secrets import stable_seed
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
@@ -53,9 +53,7 @@ from servegym.scoring.objectives import (
     UNITS,
     IntegrityCounts,
     ObjectiveMeasurement,
-    measurement_improvement,
 )
-from servegym.scoring.score import PairedScore, paired_score
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.workloads.generate import materialise
 
@@ -260,40 +258,15 @@ async def _evaluate(
     if submission is not None:
         submission_side = _side(submission, sub_proc, sub_error, subs, sub_acc, price_per_hour)
 
-    paired: PairedScore | None = None
-    if subs and submission_side is not None and crashed is None:
-        ratios = [measurement_improvement(objective, b, s) for b, s in pairs if s is not None]
-        summary.pairs = ratios
-        paired = paired_score(
-            ratios,
-            samples=task.evaluation.bootstrap_samples,
-            seed=stable_seed("bootstrap", task.id, scoring_seed),
-        )
-        outputs = gates.check_outputs(submission_side.integrity, baseline_side.integrity)
-        gate["integrity"] = gates.merge(gate["integrity"], outputs)
-
-    outcome: Outcome
-    if submission is None:
-        outcome = "no_submission"
-    elif gate["integrity"].passed is False:
-        outcome = "integrity_flagged"
-    elif gate["launch"].passed is False:
-        outcome = "launch_failed"
-    elif crashed is not None:
-        outcome = "crashed"
-    elif gate["accuracy"].passed is False:
-        outcome = "accuracy_failed"
-    else:
-        outcome = "scored"
-    return Evaluation(
-        outcome=outcome,
-        gates=gate,
-        baseline=baseline_side,
-        submission=submission_side,
-        objective=summary,
-        improvement=compare_metrics(pairs),
+    return conclude(
+        loaded,
+        submission,
+        scoring_seed,
+        gate=gate,
+        summary=summary,
         info=info,
-        paired=paired,
-        error=crashed,
-        measurements=pairs,
+        pairs=pairs,
+        baseline_side=baseline_side,
+        submission_side=submission_side,
+        crashed=crashed,
     )
