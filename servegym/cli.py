@@ -275,12 +275,46 @@ def run(
     force: Annotated[
         bool, typer.Option("--force", help="run again even if the trial finished")
     ] = False,
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="model agents: the provider's URL (openai-compatible)"),
+    ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option("--api-key-env", help="model agents: the variable holding the API key"),
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", min=1, help="model agents: model calls at most")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, help="model agents: tokens per answer")
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="model agents: sampling")
+    ] = None,
+    reasoning_effort: Annotated[
+        str | None,
+        typer.Option("--reasoning-effort", help="model agents: e.g. low, medium, high"),
+    ] = None,
 ) -> None:
     """Run one trial: the agent works the task within its budget, then its submission is
-    scored against the baseline on the hidden scoring workload."""
+    scored against the baseline on the hidden scoring workload. Agents: default, random,
+    tpe, or a model: anthropic:MODEL, openai:MODEL, openai-compatible:MODEL (--base-url)."""
     from servegym.runner.command import run_trial_command
 
-    code = run_trial_command(task, agent, seed, out, force, console)
+    options = {
+        k: v
+        for k, v in {
+            "base_url": base_url,
+            "api_key_env": api_key_env,
+            "max_turns": max_turns,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "reasoning_effort": reasoning_effort,
+        }.items()
+        if v is not None
+    }
+    code = run_trial_command(task, agent, seed, out, force, console, agent_options=options)
     if code:
         raise typer.Exit(code)
 

@@ -144,15 +144,33 @@ def agent_names() -> list[str]:
     return sorted(_AGENTS)
 
 
+MODEL_AGENTS = ("anthropic", "openai", "openai-compatible")
+"""Agents named ``<kind>:<model>`` (an LLM behind a provider)."""
+
+
 def make_agent(name: str, **kwargs: object) -> Agent:
+    """The agent called ``name``: a registered name, or ``<kind>:<model>`` for the model
+    agents (e.g. ``anthropic:claude-sonnet-4-5``). ``kwargs`` are the agent's settings."""
     _load_builtins()
-    if name not in _AGENTS:
-        raise UserError(f"--agent: unknown agent '{name}' (known: {', '.join(sorted(_AGENTS))})")
-    return _AGENTS[name](**kwargs)
+    kind, sep, model = name.partition(":")
+    if sep and kind in MODEL_AGENTS:
+        return _AGENTS[kind](model=model, **kwargs)
+    if name not in _AGENTS or name in MODEL_AGENTS:
+        known = sorted(
+            [n for n in _AGENTS if n not in MODEL_AGENTS] + [f"{k}:MODEL" for k in MODEL_AGENTS]
+        )
+        raise UserError(f"--agent: unknown agent '{name}' (known: {', '.join(known)})")
+    try:
+        return _AGENTS[name](**kwargs)
+    except TypeError:
+        raise UserError(
+            f"--agent {name}: does not take the settings {', '.join(sorted(kwargs))} "
+            "(model settings apply to the model agents)"
+        ) from None
 
 
 def _load_builtins() -> None:
     import importlib
 
-    for module in ("servegym.agents.baselines",):
+    for module in ("servegym.agents.baselines", "servegym.agents.llm.agent"):
         importlib.import_module(module)

@@ -11,6 +11,7 @@ interval. Unknown tasks or agents and bad task files raise
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -215,6 +216,7 @@ def run_trial_command(
     console: Console | None = None,
     *,
     tasks_root: Path | None = None,
+    agent_options: dict[str, Any] | None = None,
 ) -> int:
     """Run (or show, when finished and not ``force``) one trial; returns the exit code
     (0; 1 when the harness itself failed). Raises UserError for bad input. ``tasks_root``
@@ -223,7 +225,7 @@ def run_trial_command(
     out_dir = out if out is not None else DEFAULT_OUT
     # Bad names fail here, in one line, before any progress bar is drawn.
     loaded = load_task(task_id, tasks_root)
-    make_agent(agent)
+    make_agent(agent, **(agent_options or {}))
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -239,6 +241,7 @@ def run_trial_command(
             out_dir,
             force,
             progress=_RichProgress(progress),
+            agent_options=agent_options,
         )
     folder = trial_folder(out_dir, result.task, agent, seed)
     if result.skipped:

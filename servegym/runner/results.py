@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -196,6 +197,13 @@ class TrialResult(_Model):
     evaluation: EvaluationInfo = Field(default_factory=EvaluationInfo)
     scoring_seed: int | None = None
     agent_error: str | None = None
+    agent_outcome: str | None = Field(
+        default=None,
+        description="how a model agent's phase ended: finished, max_turns, provider_unavailable",
+    )
+    agent_cost: dict[str, Any] | None = Field(
+        default=None, description="a model agent's calls, tokens and dollars"
+    )
     error: str | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     started_at: str = ""
@@ -219,7 +227,10 @@ class TrialResult(_Model):
 
 
 def trial_dir_name(task: str, agent: str, seed: int) -> str:
-    return f"{task}__{agent}__s{seed}"
+    """``<task>__<agent>__s<seed>``; characters a folder name cannot hold (a model id's
+    ``/``) become ``_``."""
+    safe = re.sub(r"[^A-Za-z0-9._:+-]", "_", agent)
+    return f"{task}__{safe}__s{seed}"
 
 
 def write_atomic(path: Path, text: str) -> None:

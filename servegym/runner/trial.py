@@ -32,7 +32,7 @@ import time
 import traceback
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pydantic
@@ -63,6 +63,7 @@ from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
 from servegym.tasks.spec import Task
 
+TRAJECTORY_FILE = "trajectory.jsonl"
 SERVER_LOGS = "servers"
 """Real tracks: the folder of a trial's server logs (one per experiment and side)."""
 AGENT_ERROR_FILE = "agent_error.txt"
@@ -195,6 +196,7 @@ def run_trial(
     *,
     progress: TrialProgress | None = None,
     tasks_root: Path | None = None,
+    agent_options: dict[str, Any] | None = None,
 ) -> TrialResult:
     """Run one trial (or return the finished one, unless ``force``).
 
@@ -206,7 +208,7 @@ def run_trial(
     check_track_ready(loaded)
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
-    agent = make_agent(agent_name)
+    agent = make_agent(agent_name, **(agent_options or {}))
     folder = trial_folder(out_dir, loaded.id, agent_name, seed)
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
@@ -222,6 +224,9 @@ def run_trial(
     for stale in (TRIAL_FILE, EXPERIMENTS_FILE, AGENT_ERROR_FILE, HARNESS_ERROR_FILE):
         (folder / stale).unlink(missing_ok=True)
     prog = progress or TrialProgress()
+    if hasattr(agent, "trajectory_path"):
+        (folder / TRAJECTORY_FILE).unlink(missing_ok=True)
+        agent.trajectory_path = folder / TRAJECTORY_FILE
 
     started_at = _now()
     t0 = time.perf_counter()
@@ -307,6 +312,8 @@ def run_trial(
         scoring_seed=scoring,
         versions=versions(),
         started_at=started_at,
+        agent_outcome=getattr(agent, "outcome", None),
+        agent_cost=_agent_cost(agent),
     )
     if evaluation is not None:
         paired = evaluation.paired
@@ -329,6 +336,14 @@ def run_trial(
     )
     write_trial(result, folder)
     return result
+
+
+def _agent_cost(agent: object) -> dict[str, Any] | None:
+    cost = getattr(agent, "cost", None)
+    if cost is None or not hasattr(cost, "model_dump"):
+        return None
+    data: dict[str, Any] = cost.model_dump()
+    return data
 
 
 def check_track_ready(loaded: LoadedTask) -> None:

@@ -1,0 +1,264 @@
+"""LLM agents on the sim track: a model calls the task's tools in a loop.
+
+``--agent anthropic:MODEL``, ``--agent openai:MODEL`` and ``--agent openai-compatible:MODEL``
+(with ``--base-url``). The loop runs in the harness process: the model sees the system
+prompt (``prompts/system_sim.md``) and the task's instruction, and every tool call it makes
+runs against the :class:`~servegym.agents.base.TaskEnvironment` (no key ever reaches it).
+The loop ends when the model answers without a tool call, after ``max_turns`` model calls,
+or when the provider stays down (the last submission stands and is scored as usual).
+
+Every model call and tool call is appended to ``trajectory.jsonl`` as it happens (the trial
+sets :attr:`LLMAgent.trajectory_path`); tokens and dollars are summed in
+:attr:`LLMAgent.cost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel
+
+from servegym.agents.base import TaskEnvironment, register_agent
+from servegym.agents.llm.cost import cost_of
+from servegym.agents.llm.providers import (
+    AnthropicProvider,
+    OpenAIProvider,
+    Provider,
+    ProviderUnavailable,
+    RetryPolicy,
+    resolve_api_key,
+)
+from servegym.agents.llm.tools import SIM_TOOLS, run_tool
+from servegym.agents.llm.types import (
+    Message,
+    ToolResult,
+    ToolResultsMessage,
+    Usage,
+    UserMessage,
+)
+from servegym.engines.config import ServingConfig
+from servegym.errors import UserError
+
+
+def load_prompt(name: str) -> str:
+    return resources.files("servegym.agents.llm").joinpath("prompts", name).read_text("utf-8")
+
+
+@dataclass
+class Settings:
+    max_turns: int = 40
+    max_tokens: int = 4096
+    temperature: float | None = None
+    reasoning_effort: str | None = None
+    max_retries: int = 6
+    retry_base_delay_s: float = 1.0
+
+    def retry(self) -> RetryPolicy:
+        return RetryPolicy(max_retries=self.max_retries, base_delay_s=self.retry_base_delay_s)
+
+
+class AgentCost(BaseModel):
+    """What the agent's model calls cost (``dollars``: ``None`` for a model with no price)."""
+
+    model: str
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    dollars: float | None = 0.0
+
+
+class LLMAgent:
+    """The tool loop; ``make_provider`` builds the provider when the trial starts."""
+
+    def __init__(
+        self, name: str, model: str, make_provider: Callable[[], Provider], settings: Settings
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.make_provider = make_provider
+        self.settings = settings
+        self.trajectory_path: Path | None = None
+        self.cost = AgentCost(model=model)
+        self.outcome = "not_started"
+        """How the agent phase ended: ``finished`` (the model stopped calling tools),
+        ``max_turns``, or ``provider_unavailable``."""
+        self.error: str | None = None
+        self._trajectory: IO[str] | None = None
+        self._t0 = 0.0
+
+    def run(self, env: TaskEnvironment, seed: int) -> None:
+        if self.trajectory_path is not None:
+            self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
+            self._trajectory = self.trajectory_path.open("a", encoding="utf-8")
+        try:
+            asyncio.run(self._run(env))
+        finally:
+            if self._trajectory is not None:
+                self._trajectory.close()
+                self._trajectory = None
+
+    def _log(self, kind: str, **data: Any) -> None:
+        if self._trajectory is None:
+            return
+        record = {"t": round(time.monotonic() - self._t0, 3), "kind": kind, **data}
+        self._trajectory.write(json.dumps(record, default=str) + "\n")
+        self._trajectory.flush()
+
+    def _count(self, usage: Usage) -> None:
+        c = self.cost
+        c.calls += 1
+        c.input_tokens += usage.input_tokens
+        c.output_tokens += usage.output_tokens
+        dollars = cost_of(usage, self.model)
+        c.dollars = None if dollars is None or c.dollars is None else c.dollars + dollars
+
+    async def _run(self, env: TaskEnvironment) -> None:
+        self._t0 = time.monotonic()
+        system = load_prompt("system_sim.md")
+        desc = env.describe()
+        baseline = ServingConfig.model_validate(desc.baseline)
+        messages: list[Message] = [
+            UserMessage(
+                text=f"{desc.instruction}\n\nStart with describe_task. The objective is "
+                f"{desc.objective} ({'higher' if desc.higher_is_better else 'lower'} is better)."
+            )
+        ]
+        s = self.settings
+        self.outcome = "max_turns"
+        provider = self.make_provider()
+        try:
+            for _ in range(s.max_turns):
+                self._log("request", messages=len(messages))
+                try:
+                    turn = await provider.complete(
+                        system,
+                        messages,
+                        SIM_TOOLS,
+                        max_tokens=s.max_tokens,
+                        temperature=s.temperature,
+                        reasoning_effort=s.reasoning_effort,
+                    )
+                except ProviderUnavailable as e:
+                    self.outcome, self.error = "provider_unavailable", str(e)
+                    self._log("provider_unavailable", error=str(e))
+                    return
+                self._count(turn.usage)
+                self._log(
+                    "model",
+                    text=turn.text,
+                    tool_calls=[c.model_dump() for c in turn.tool_calls],
+                    usage=turn.usage.model_dump(),
+                    latency_s=turn.latency_s,
+                    attempts=turn.attempts,
+                    stop_reason=turn.stop_reason,
+                )
+                messages.append(turn.to_message())
+                if not turn.tool_calls:
+                    self.outcome = "finished"
+                    return
+                results = []
+                for call in turn.tool_calls:
+                    out = await asyncio.to_thread(run_tool, env, baseline, call)
+                    content = out.content
+                    self._log(
+                        "tool", name=call.name, arguments=call.arguments, result=content,
+                        is_error=out.is_error,
+                    )  # fmt: skip
+                    results.append(
+                        ToolResult(tool_call_id=call.id, content=content, is_error=out.is_error)
+                    )
+                messages.append(ToolResultsMessage(results=results))
+        finally:
+            await provider.aclose()
+
+
+# --- registration: "<provider>:<model>" ----------------------------------------------------
+
+
+def _settings(options: dict[str, Any]) -> Settings:
+    known = Settings.__dataclass_fields__
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise UserError(f"--agent: unknown setting '{unknown[0]}' (known: {', '.join(known)})")
+    return Settings(**options)
+
+
+def _need_model(kind: str, model: str | None) -> str:
+    if not model:
+        raise UserError(f"--agent {kind}: name the model, e.g. --agent {kind}:MODEL")
+    return model
+
+
+@register_agent("anthropic")
+def anthropic_agent(
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    **options: Any,
+) -> LLMAgent:
+    m = _need_model("anthropic", model)
+    key = resolve_api_key("anthropic", api_key_env)
+    settings = _settings(options)
+    return LLMAgent(
+        f"anthropic:{m}",
+        m,
+        lambda: AnthropicProvider(
+            m, key, base_url=base_url, api_key_env=api_key_env, retry=settings.retry()
+        ),
+        settings,
+    )
+
+
+@register_agent("openai")
+def openai_agent(
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    **options: Any,
+) -> LLMAgent:
+    m = _need_model("openai", model)
+    key = resolve_api_key("openai", api_key_env)
+    settings = _settings(options)
+    return LLMAgent(
+        f"openai:{m}",
+        m,
+        lambda: OpenAIProvider(
+            m, key, base_url=base_url, api_key_env=api_key_env, retry=settings.retry()
+        ),
+        settings,
+    )
+
+
+@register_agent("openai-compatible")
+def openai_compatible_agent(
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    **options: Any,
+) -> LLMAgent:
+    m = _need_model("openai-compatible", model)
+    if not base_url:
+        raise UserError("--agent openai-compatible: needs --base-url (the server's /v1 URL)")
+    key = resolve_api_key("openai-compatible", api_key_env, allow_placeholder=True)
+    settings = _settings(options)
+    return LLMAgent(
+        f"openai-compatible:{m}",
+        m,
+        lambda: OpenAIProvider(
+            m,
+            key,
+            base_url=base_url,
+            api_key_env=api_key_env,
+            name="openai-compatible",
+            max_tokens_field="max_tokens",
+            retry=settings.retry(),
+        ),
+        settings,
+    )

@@ -1,0 +1,161 @@
+"""The sim track's tools, as an LLM agent sees them, and how each call runs.
+
+Tool names and arguments are fixed by the benchmark: ``describe_task``,
+``run_experiment`` (``config``: knob -> value, ``quick``: bool) and ``submit``
+(``config``). Every result is text (JSON where it is data) and ends with a line saying
+what is left of the budget. A bad call (unknown tool, malformed arguments, an invalid
+config) is answered with an error the model can read and correct, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from servegym.agents.base import BudgetExhausted, BudgetState, TaskEnvironment
+from servegym.agents.llm.types import ToolCall, ToolSpec
+from servegym.engines.config import ServingConfig
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "knob -> value (the ServingConfig knobs describe_task lists); knobs left "
+    "out keep the baseline's value",
+    "additionalProperties": True,
+}
+
+SIM_TOOLS = [
+    ToolSpec(
+        name="describe_task",
+        description="The task: model, hardware, knobs and defaults, workload, objective, SLA, "
+        "accuracy rule and budget.",
+        parameters={"type": "object", "properties": {}},
+    ),
+    ToolSpec(
+        name="run_experiment",
+        description="Launch a serving config and measure the task's objective on the dev "
+        "workload. Costs budget.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "config": CONFIG_SCHEMA,
+                "quick": {"type": "boolean", "description": "a shorter, cheaper run"},
+            },
+            "required": ["config"],
+        },
+    ),
+    ToolSpec(
+        name="submit",
+        description="Declare a config your final answer (the last submission stands).",
+        parameters={
+            "type": "object",
+            "properties": {"config": CONFIG_SCHEMA},
+            "required": ["config"],
+        },
+    ),
+]
+
+MAX_LOG_TAIL_CHARS = 2000
+MAX_RESULT_CHARS = 12_000
+"""A tool result's body longer than this is cut (the budget line always follows)."""
+
+
+class ToolOutcome:
+    """A tool call's result text and whether it was an error."""
+
+    def __init__(self, content: str, *, is_error: bool = False) -> None:
+        self.content = content
+        self.is_error = is_error
+
+
+def budget_line(b: BudgetState) -> str:
+    parts = [f"{b.experiments_run} experiments run"]
+    if b.experiments_left is not None:
+        parts.append(f"{b.experiments_left} experiments left")
+    if b.sim_gpu_seconds_left is not None:
+        parts.append(f"{b.sim_gpu_seconds_left:,.0f} simulated GPU-seconds left")
+    if b.wall_seconds_left is not None:
+        parts.append(f"{b.wall_seconds_left:,.0f} wall seconds left")
+    return "budget: " + ", ".join(parts)
+
+
+def _config(base: ServingConfig, raw: Any) -> ServingConfig:
+    """The baseline with the call's knobs set (raises ValidationError or TypeError)."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"config must be an object of knob -> value, got {type(raw).__name__}")
+    data = base.model_dump(exclude_defaults=True)
+    data.update(raw)
+    return ServingConfig.model_validate(data)
+
+
+def _validation_text(e: ValidationError) -> str:
+    first = e.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "config"
+    return f"invalid config: {loc}: {first['msg']}"
+
+
+def _experiment_text(env: TaskEnvironment, config: ServingConfig, quick: bool) -> str:
+    r = env.run_experiment(config, quick=quick)
+    out: dict[str, Any] = {"experiment": r.index, "config": r.config, "ok": r.ok}
+    if r.ok:
+        out["objective_value"] = r.objective_value
+        out["improvement"] = r.improvement
+        out["accuracy_ratio"] = r.accuracy_ratio
+        if r.metrics is not None:
+            m = r.metrics
+            out["metrics"] = {
+                "ttft_ms_p50": m.ttft_ms.p50,
+                "ttft_ms_p99": m.ttft_ms.p99,
+                "tpot_ms_p50": m.tpot_ms.p50,
+                "tpot_ms_p99": m.tpot_ms.p99,
+                "e2e_ms_p99": m.e2e_ms.p99,
+                "output_throughput": m.output_throughput,
+                "completed": m.completed,
+                "failed": m.failed,
+            }
+    else:
+        out["launch_error"] = r.launch_error
+    if r.log_tail:
+        out["log_tail"] = r.log_tail[-MAX_LOG_TAIL_CHARS:]
+    return json.dumps(out, indent=1, default=str)
+
+
+def run_tool(env: TaskEnvironment, baseline: ServingConfig, call: ToolCall) -> ToolOutcome:
+    """Run one tool call against ``env``; see the module docstring."""
+    if call.arguments_error is not None:
+        return _with_budget(env, ToolOutcome(f"error: {call.arguments_error}", is_error=True))
+    args = call.arguments
+    try:
+        if call.name == "describe_task":
+            desc = env.describe()
+            outcome = ToolOutcome(desc.model_dump_json(indent=1, exclude={"budget"}))
+        elif call.name == "run_experiment":
+            config = _config(baseline, args.get("config"))
+            outcome = ToolOutcome(_experiment_text(env, config, bool(args.get("quick", False))))
+        elif call.name == "submit":
+            config = _config(baseline, args.get("config"))
+            env.submit(config)
+            outcome = ToolOutcome(f"submitted: {json.dumps(config.changed(), default=str)}")
+        else:
+            names = ", ".join(t.name for t in SIM_TOOLS)
+            outcome = ToolOutcome(
+                f"error: unknown tool '{call.name}' (tools: {names})", is_error=True
+            )
+    except ValidationError as e:
+        outcome = ToolOutcome(f"error: {_validation_text(e)}", is_error=True)
+    except TypeError as e:
+        outcome = ToolOutcome(f"error: {e}", is_error=True)
+    except BudgetExhausted as e:
+        outcome = ToolOutcome(f"error: the budget is spent ({e}); submit now", is_error=True)
+    return _with_budget(env, outcome)
+
+
+def _with_budget(env: TaskEnvironment, outcome: ToolOutcome) -> ToolOutcome:
+    state = env.budget_left()
+    note = " (spent: submit your best config)" if state.exhausted else ""
+    body = outcome.content
+    if len(body) > MAX_RESULT_CHARS:
+        body = body[:MAX_RESULT_CHARS] + "\n[... result cut ...]"
+    outcome.content = f"{body}\n\n{budget_line(state)}{note}"
+    return outcome
