@@ -86,7 +86,7 @@ def config_key(config: ServingConfig) -> str:
     return config.model_dump_json(exclude_defaults=True)
 
 
-def _changed(config: ServingConfig) -> dict[str, Any]:
+def changed_knobs(config: ServingConfig) -> dict[str, Any]:
     return config.model_dump(mode="json", exclude_defaults=True)
 
 
@@ -116,22 +116,43 @@ def launch_log(loaded: LoadedTask, config: ServingConfig, message: str) -> str:
     lines = [
         f"INFO [sim] Starting the simulated vLLM engine: model={task.model} "
         f"hardware={task.hardware}",
-        f"INFO [sim] Engine arguments set: {_changed(config) or '{} (all defaults)'}",
+        f"INFO [sim] Engine arguments set: {changed_knobs(config) or '{} (all defaults)'}",
         "ERROR [sim] Engine core initialization failed. See the root cause above.",
         *message.splitlines(),
     ]
     return "\n".join(lines)
 
 
-class DevWorkloads:
-    """A task's dev workload, full and quick (``workload.quick_requests``, default a
-    quarter of the requests), each built once: what both tracks' environments run."""
+class EnvironmentBase:
+    """What both tracks' environments share: the task's dev workload, full and quick
+    (``workload.quick_requests``, default a quarter of the requests), each built once; the
+    experiment log (``experiments.jsonl``, flushed per line); the budget state an experiment
+    reports; and the submission."""
 
     loaded: LoadedTask
     task: Task
     dev_seed: int
+    experiments: list[ExperimentResult]
+    submission: ServingConfig | None
+    submissions: int
+    on_experiment: Callable[[ExperimentResult], None] | None
     _specs: dict[bool, tuple[WorkloadSpec, Path]]
     _workloads: dict[bool, Workload]
+    _log: IO[str] | None
+
+    def budget_left(self) -> BudgetState:
+        raise NotImplementedError
+
+    def _open_log(self, log_path: Path | None) -> None:
+        self._log = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = log_path.open("w", encoding="utf-8")
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
         if quick not in self._specs:
@@ -150,8 +171,42 @@ class DevWorkloads:
             self._workloads[quick] = materialise(spec, self.dev_seed, base_dir=base_dir)
         return self._workloads[quick]
 
+    def _state_after(self, index: int) -> BudgetState:
+        state = self.budget_left()
+        # The experiment being recorded counts as run.
+        b = self.task.budget
+        return state.model_copy(
+            update={
+                "experiments_run": index + 1,
+                "experiments_left": (
+                    None if b.max_experiments is None else max(b.max_experiments - index - 1, 0)
+                ),
+            }
+        )
 
-class SimTaskEnvironment(DevWorkloads):
+    def _record(self, result: ExperimentResult) -> ExperimentResult:
+        self.experiments.append(result)
+        if self._log is not None:
+            self._log.write(result.model_dump_json() + "\n")
+            self._log.flush()
+        if self.on_experiment is not None:
+            self.on_experiment(result)
+        return result.model_copy(deep=True)
+
+    def submit(self, config: ServingConfig) -> None:
+        """Declare ``config`` the submission (the last call stands).
+
+        A value that is not a ServingConfig is validated into one (a ``ValidationError``
+        goes back to the agent). A ServingConfig is stored as given (a deep copy), even one
+        that bypassed validation: the final evaluation's integrity gate judges it.
+        """
+        if not isinstance(config, ServingConfig):
+            config = ServingConfig.model_validate(config)
+        self.submission = config.model_copy(deep=True)
+        self.submissions += 1
+
+
+class SimTaskEnvironment(EnvironmentBase):
     """The :class:`~servegym.agents.base.TaskEnvironment` of a sim-track task."""
 
     def __init__(
@@ -182,17 +237,9 @@ class SimTaskEnvironment(DevWorkloads):
         self.sim_gpu_seconds_used = 0.0
         self.harness_error: str | None = None
         self._started = time.monotonic()
-        self._log: IO[str] | None = None
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = log_path.open("w", encoding="utf-8")
+        self._open_log(log_path)
 
     # ------------------------------------------------------------------ harness side
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     def _launch(self, config: ServingConfig) -> LaunchedEngine:
         spec, _ = self._spec(False)
@@ -296,7 +343,7 @@ class SimTaskEnvironment(DevWorkloads):
             num_gpus_available=self.task.max_gpus,
             price_per_gpu_hour=price,
             engines=list(task.engines),
-            baseline=_changed(task.baseline),
+            baseline=changed_knobs(task.baseline),
             knobs=knobs,
             workload=workload,
             objective=objective.label(),
@@ -363,7 +410,7 @@ class SimTaskEnvironment(DevWorkloads):
             self.sim_gpu_seconds_used += cost
             result = ExperimentResult(
                 index=index,
-                config=_changed(config),
+                config=changed_knobs(config),
                 quick=quick,
                 ok=False,
                 launch_error=e.message,
@@ -396,7 +443,7 @@ class SimTaskEnvironment(DevWorkloads):
         self.sim_gpu_seconds_used += cost
         result = ExperimentResult(
             index=index,
-            config=_changed(config),
+            config=changed_knobs(config),
             quick=quick,
             ok=True,
             objective_value=m.value,
@@ -408,37 +455,3 @@ class SimTaskEnvironment(DevWorkloads):
             budget=self._state_after(index),
         )
         return self._record(result)
-
-    def _state_after(self, index: int) -> BudgetState:
-        state = self.budget_left()
-        # The experiment being recorded counts as run.
-        b = self.task.budget
-        return state.model_copy(
-            update={
-                "experiments_run": index + 1,
-                "experiments_left": (
-                    None if b.max_experiments is None else max(b.max_experiments - index - 1, 0)
-                ),
-            }
-        )
-
-    def _record(self, result: ExperimentResult) -> ExperimentResult:
-        self.experiments.append(result)
-        if self._log is not None:
-            self._log.write(result.model_dump_json() + "\n")
-            self._log.flush()
-        if self.on_experiment is not None:
-            self.on_experiment(result)
-        return result.model_copy(deep=True)
-
-    def submit(self, config: ServingConfig) -> None:
-        """Declare ``config`` the submission (the last call stands).
-
-        A value that is not a ServingConfig is validated into one (a ``ValidationError``
-        goes back to the agent). A ServingConfig is stored as given (a deep copy), even one
-        that bypassed validation: the final evaluation's integrity gate judges it.
-        """
-        if not isinstance(config, ServingConfig):
-            config = ServingConfig.model_validate(config)
-        self.submission = config.model_copy(deep=True)
-        self.submissions += 1

@@ -58,6 +58,7 @@ from servegym.scoring.objectives import (
 )
 from servegym.scoring.score import PairedScore, paired_score
 from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.spec import Task
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 
@@ -115,7 +116,7 @@ class Evaluation:
         return self.paired.score if self.paired is not None and self.outcome == "scored" else None
 
 
-def _changed(config: Any) -> dict[str, Any]:
+def changed_config(config: Any) -> dict[str, Any]:
     if isinstance(config, ServingConfig):
         try:
             data: dict[str, Any] = config.model_dump(mode="json", exclude_defaults=True)
@@ -141,7 +142,7 @@ def _side(
     for m in measurements:
         integrity = integrity.add(m.integrity)
     return SideResult(
-        config=_changed(config),
+        config=changed_config(config),
         launched=engine is not None,
         launch_error=error,
         accuracy_ratio=engine.accuracy_ratio if engine is not None else None,
@@ -232,25 +233,12 @@ def evaluate(
     baseline on the scoring workload. Raises :class:`HarnessError` when the baseline itself
     does not launch; any other exception is the harness's own (the trial records it)."""
     task = loaded.task
-    objective = task.objective
     repeats = task.evaluation.repeats
     model = get_model(task.model, "model")
     hardware = get_hardware(task.hardware, "hardware")
     spec, base_dir = workload_spec(loaded)
     workload: Workload = materialise(spec, scoring_seed, base_dir=base_dir)
-    info = EvaluationInfo(
-        repeats=repeats,
-        workload=spec.name,
-        requests=spec.num_requests,
-        workload_hash=workload.content_hash(),
-        bootstrap_samples=task.evaluation.bootstrap_samples,
-    )
-    summary = ObjectiveSummary(
-        label=objective.label(),
-        kind=objective.kind,
-        unit=UNITS[objective.kind],
-        higher_is_better=objective.higher_is_better,
-    )
+    info, summary = evaluation_header(task, workload)
 
     def start(config: ServingConfig) -> LaunchedEngine:
         return launch(
@@ -347,6 +335,26 @@ def evaluate(
         baseline_side=baseline_side,
         submission_side=submission_side,
     )
+
+
+def evaluation_header(task: Task, workload: Workload) -> tuple[EvaluationInfo, ObjectiveSummary]:
+    """What an evaluation records before it measures: the scoring workload (the first
+    pair's, on real tracks) and the objective."""
+    objective = task.objective
+    info = EvaluationInfo(
+        repeats=task.evaluation.repeats,
+        workload=workload.spec.name,
+        requests=workload.spec.num_requests,
+        workload_hash=workload.content_hash(),
+        bootstrap_samples=task.evaluation.bootstrap_samples,
+    )
+    summary = ObjectiveSummary(
+        label=objective.label(),
+        kind=objective.kind,
+        unit=UNITS[objective.kind],
+        higher_is_better=objective.higher_is_better,
+    )
+    return info, summary
 
 
 def conclude(

@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -41,7 +41,7 @@ from servegym.engines.models import resolve_model
 from servegym.engines.served import ServedRun, benchmark_config
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
-from servegym.runner.environment import DevWorkloads, HarnessError, config_key
+from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
 from servegym.runner.real_measure import measure_run, real_objective_problem
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
@@ -51,10 +51,6 @@ from servegym.workloads.summary import summarise
 
 START_TIMEOUT_S = 300.0
 __all__ = ["RealTaskEnvironment", "config_key"]
-
-
-def _changed(config: ServingConfig) -> dict[str, Any]:
-    return config.model_dump(mode="json", exclude_defaults=True)
 
 
 def knob_infos() -> list[KnobInfo]:
@@ -80,7 +76,7 @@ def outputs_reference(
     return asyncio.run(reference_outputs(workload, log_dir))
 
 
-class RealTaskEnvironment(DevWorkloads):
+class RealTaskEnvironment(EnvironmentBase):
     """The :class:`~servegym.agents.base.TaskEnvironment` of a cpu- or gpu-track task."""
 
     def __init__(
@@ -117,19 +113,10 @@ class RealTaskEnvironment(DevWorkloads):
         self.submission: ServingConfig | None = None
         self.submissions = 0
         self.wall_seconds_used = 0.0
-        self.sim_gpu_seconds_used = 0.0  # the sim's budget unit; never charged here
         self.harness_error: str | None = None
-        self._log: IO[str] | None = None
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = log_path.open("w", encoding="utf-8")
+        self._open_log(log_path)
 
     # ------------------------------------------------------------------ harness side
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     @property
     def budget_limit(self) -> float | None:
@@ -214,7 +201,7 @@ class RealTaskEnvironment(DevWorkloads):
             num_gpus_available=task.max_gpus,
             price_per_gpu_hour=task.price_per_hour or 0.0,
             engines=list(task.engines),
-            baseline=_changed(task.baseline),
+            baseline=changed_knobs(task.baseline),
             knobs=knob_infos(),
             workload=workload,
             objective=task.objective.label(),
@@ -260,7 +247,13 @@ class RealTaskEnvironment(DevWorkloads):
         if not served.ok or not served.results:
             tail = served.exit.log_tail if served.exit is not None else served.message
             return self._finish(
-                index, started, _changed(config), quick, ok=False, error=served.message, tail=tail
+                index,
+                started,
+                changed_knobs(config),
+                quick,
+                ok=False,
+                error=served.message,
+                tail=tail,
             )
         m = measure_run(self.task, served.results[0])
         accuracy = self._accuracy(served, quick)
@@ -270,7 +263,7 @@ class RealTaskEnvironment(DevWorkloads):
         return self._finish(
             index,
             started,
-            _changed(config),
+            changed_knobs(config),
             quick,
             ok=True,
             value=m.value,
@@ -296,15 +289,6 @@ class RealTaskEnvironment(DevWorkloads):
     ) -> ExperimentResult:
         spent = time.monotonic() - started
         self.wall_seconds_used += spent
-        b = self.task.budget
-        state = self.budget_left().model_copy(
-            update={
-                "experiments_run": index + 1,
-                "experiments_left": (
-                    None if b.max_experiments is None else max(b.max_experiments - index - 1, 0)
-                ),
-            }
-        )
         result = ExperimentResult(
             index=index,
             config=config if isinstance(config, dict) else {"value": repr(config)},
@@ -317,19 +301,6 @@ class RealTaskEnvironment(DevWorkloads):
             accuracy_ratio=accuracy,
             metrics=metrics,
             cost_wall_seconds=spent,
-            budget=state,
+            budget=self._state_after(index),
         )
-        self.experiments.append(result)
-        if self._log is not None:
-            self._log.write(result.model_dump_json() + "\n")
-            self._log.flush()
-        if self.on_experiment is not None:
-            self.on_experiment(result)
-        return result.model_copy(deep=True)
-
-    def submit(self, config: ServingConfig) -> None:
-        """Declare ``config`` the submission (the last call stands)."""
-        if not isinstance(config, ServingConfig):
-            config = ServingConfig.model_validate(config)
-        self.submission = config.model_copy(deep=True)
-        self.submissions += 1
+        return self._record(result)

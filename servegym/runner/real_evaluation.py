@@ -40,17 +40,18 @@ from servegym.runner.environment import HarnessError
 from servegym.runner.evaluation import (
     Evaluation,
     ProgressFn,
+    changed_config,
     compare_components,
     conclude,
+    evaluation_header,
 )
 from servegym.runner.real_environment import outputs_reference
 from servegym.runner.real_measure import measure_run, real_price
-from servegym.runner.results import EvaluationInfo, ObjectiveSummary, SideResult
+from servegym.runner.results import SideResult
 from servegym.runner.secrets import stable_seed
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.objectives import (
-    UNITS,
     IntegrityCounts,
     ObjectiveMeasurement,
 )
@@ -63,13 +64,6 @@ START_TIMEOUT_S = 300.0
 def pair_seed(scoring_seed: int, i: int) -> int:
     """The workload seed of pair ``i``: the scoring seed itself for the first pair."""
     return scoring_seed if i == 0 else stable_seed("score-pair", scoring_seed, i)
-
-
-def _changed(config: Any) -> dict[str, Any]:
-    if isinstance(config, ServingConfig):
-        data: dict[str, Any] = config.model_dump(mode="json", exclude_defaults=True)
-        return data
-    return {"value": repr(config)}
 
 
 async def _start(server: ManagedServer) -> tuple[ServerProcess | None, str | None]:
@@ -93,7 +87,7 @@ def _side(
     for m in measurements:
         integrity = integrity.add(m.integrity)
     return SideResult(
-        config=_changed(config),
+        config=changed_config(config),
         launched=proc is not None,
         launch_error=error,
         accuracy_ratio=accuracy,
@@ -137,26 +131,13 @@ async def _evaluate(
     model: ModelRef,
 ) -> Evaluation:
     task = loaded.task
-    objective = task.objective
     repeats = task.evaluation.repeats
     spec, base_dir = workload_spec(loaded)
     samples = [
         materialise(spec, pair_seed(scoring_seed, i), base_dir=base_dir) for i in range(repeats)
     ]
     workload = samples[0]
-    info = EvaluationInfo(
-        repeats=repeats,
-        workload=spec.name,
-        requests=spec.num_requests,
-        workload_hash=workload.content_hash(),
-        bootstrap_samples=task.evaluation.bootstrap_samples,
-    )
-    summary = ObjectiveSummary(
-        label=objective.label(),
-        kind=objective.kind,
-        unit=UNITS[objective.kind],
-        higher_is_better=objective.higher_is_better,
-    )
+    info, summary = evaluation_header(task, workload)
     reference = await asyncio.to_thread(outputs_reference, engine, model, workload, server_logs)
     options = RunOptions(model=model.served_name, keep_outputs=True)
     price = real_price(task)
