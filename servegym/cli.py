@@ -296,10 +296,24 @@ def run(
         str | None,
         typer.Option("--reasoning-effort", help="model agents: e.g. low, medium, high"),
     ] = None,
+    max_agent_tokens: Annotated[
+        int | None,
+        typer.Option("--max-agent-tokens", min=1, help="model agents: cap on tokens, all calls"),
+    ] = None,
+    max_agent_dollars: Annotated[
+        float | None,
+        typer.Option("--max-agent-dollars", min=0.0, help="model agents: cap on US dollars"),
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option("--script", help="scripted agent: JSON Lines of tool calls (or a trajectory)"),
+    ] = None,
 ) -> None:
     """Run one trial: the agent works the task within its budget, then its submission is
     scored against the baseline on the hidden scoring workload. Agents: default, random,
-    tpe, or a model: anthropic:MODEL, openai:MODEL, openai-compatible:MODEL (--base-url)."""
+    tpe, scripted (--script), a model: anthropic:MODEL, openai:MODEL,
+    openai-compatible:MODEL (--base-url), or a coding CLI on a real track: claude-code,
+    codex, gemini-cli (each :MODEL), opencode:PROVIDER/MODEL."""
     from servegym.runner.command import run_trial_command
 
     options = {
@@ -311,6 +325,9 @@ def run(
             "max_tokens": max_tokens,
             "temperature": temperature,
             "reasoning_effort": reasoning_effort,
+            "max_agent_tokens": max_agent_tokens,
+            "max_agent_dollars": max_agent_dollars,
+            "script": script,
         }.items()
         if v is not None
     }

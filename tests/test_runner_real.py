@@ -35,6 +35,7 @@ def make_env(loaded: LoadedTask, tmp_path: Path) -> tuple[RealTaskEnvironment, S
         engine=engine,
         model=MODEL,
     )
+    engine.launches = 0  # seeding the workspace renders the baseline; it launches nothing
     return env, engine
 
 

@@ -70,6 +70,12 @@ class TaskDescription(BaseModel):
     sla: dict[str, Any] | None
     accuracy_min_ratio: float
     budget: BudgetState
+    max_agent_tokens: int | None = Field(
+        default=None, description="a cap on the agent's model tokens (input + output)"
+    )
+    max_agent_dollars: float | None = Field(
+        default=None, description="a cap on the agent's model calls, in US dollars"
+    )
 
 
 class ExperimentResult(BaseModel):
@@ -114,6 +120,67 @@ class TaskEnvironment(Protocol):
         ...
 
 
+class CommandResult(BaseModel):
+    """One command run in an agent's workspace sandbox (the ``bash`` tool)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str
+    exit_code: int | None = Field(description="None when it was killed at its timeout")
+    output: str = Field(description="stdout and stderr together, cut to the cap")
+    timed_out: bool = False
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+class Workspace(Protocol):
+    """The agent's working folder on a real track, inside its sandbox. Paths are relative
+    to the workspace root; one that leaves it is refused with :class:`WorkspaceError`."""
+
+    def run(self, command: str, timeout_s: float = 120.0) -> CommandResult: ...
+
+    def read_file(self, path: str, max_chars: int = 50_000) -> str: ...
+
+    def write_file(self, path: str, content: str) -> int:
+        """Write ``content`` (UTF-8); returns the bytes written."""
+        ...
+
+
+class WorkspaceError(Exception):
+    """A workspace request the agent can correct (a path outside it, a missing file)."""
+
+
+LAUNCHER = "start_server.sh"
+"""On real tracks the submission is the workspace, started by this script."""
+
+
+class WorkspaceEnvironment(TaskEnvironment, Protocol):
+    """A real-track task with a workspace: the agent edits files (``start_server.sh`` and
+    whatever it calls), benchmarks the workspace's launcher, and submits the workspace.
+
+    The search baselines use only :class:`TaskEnvironment` (configs); model and CLI agents
+    use this."""
+
+    workspace: Workspace
+
+    def run_benchmark(self, quick: bool = False) -> ExperimentResult:
+        """Start the workspace's ``start_server.sh`` in the sandbox, run the dev workload
+        against it, stop it, charge the budget; the result carries the server log's tail.
+        Raises :class:`BudgetExhausted` when nothing is left."""
+        ...
+
+    def submit_workspace(self) -> str:
+        """Snapshot the workspace as the submission (the last call stands); returns a
+        one-line summary (files, bytes, digest). Raises :class:`WorkspaceError` when there
+        is no ``start_server.sh``."""
+        ...
+
+    def charge_wall_seconds(self, seconds: float) -> None:
+        """Charge time the agent spent outside the environment's own calls (a coding CLI's
+        session, which runs its commands in its own container) to the wall-clock budget."""
+        ...
+
+
 class BudgetExhausted(Exception):
     """Raised by ``run_experiment`` when the budget has run out."""
 
@@ -144,8 +211,12 @@ def agent_names() -> list[str]:
     return sorted(_AGENTS)
 
 
-MODEL_AGENTS = ("anthropic", "openai", "openai-compatible")
-"""Agents named ``<kind>:<model>`` (an LLM behind a provider)."""
+MODEL_AGENTS = (
+    "anthropic",
+    "openai",
+    "openai-compatible",
+)
+"""Agents named ``<kind>:<model>`` (an LLM behind a provider, or a coding-agent CLI on one)."""
 
 
 def make_agent(name: str, **kwargs: object) -> Agent:
@@ -172,5 +243,9 @@ def make_agent(name: str, **kwargs: object) -> Agent:
 def _load_builtins() -> None:
     import importlib
 
-    for module in ("servegym.agents.baselines", "servegym.agents.llm.agent"):
+    for module in (
+        "servegym.agents.baselines",
+        "servegym.agents.llm.agent",
+        "servegym.agents.scripted",
+    ):
         importlib.import_module(module)

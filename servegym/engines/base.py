@@ -46,6 +46,16 @@ class LaunchSpec(BaseModel):
     port: int
     model: ModelRef
     needs_gpu: bool = False
+    cwd: str | None = Field(default=None, description="the working folder (None: the harness's)")
+    inherit_env: bool = Field(
+        default=True,
+        description="start from the harness's environment (False: from ``env`` alone, as a "
+        "sandbox does, so no key or harness path leaks in)",
+    )
+    rlimits: dict[str, int] = Field(
+        default_factory=dict,
+        description="resource limits set in the child, by name (RLIMIT_FSIZE: bytes ...)",
+    )
 
     @property
     def base_url(self) -> str:
@@ -108,6 +118,15 @@ class Engine(ABC):
     ) -> list[str]:
         """The arguments after :meth:`command`: model, address, then the config's flags and
         its ``extra_args`` last (so an engine-native flag can override a rendered one)."""
+
+    def runtime_dirs(self) -> list[Path]:
+        """Folders a sandboxed launcher needs read-only to run this engine (a venv and the
+        Python it was made from); none for an engine installed in the system."""
+        return []
+
+    def tool_dirs(self) -> list[Path]:
+        """Folders put first on a sandboxed launcher's ``PATH`` (where ``vllm`` lives)."""
+        return []
 
     def default_env(self) -> dict[str, str]:
         """Environment every launch of this engine gets (a config's ``env`` wins)."""

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -147,7 +148,7 @@ class ServerProcess:
         """Start the process in a new process group, its output to the log file."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         inherited = {k: v for k, v in os.environ.items() if k not in self.spec.env_unset}
-        env = {**inherited, **self.spec.env}
+        env = {**inherited, **self.spec.env} if self.spec.inherit_env else dict(self.spec.env)
         with self.log_path.open("ab") as log:
             log.write(f"$ {self.spec.shell_line()}\n".encode())
             log.flush()
@@ -158,8 +159,9 @@ class ServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
+                    cwd=self.spec.cwd,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent(os.getpid()),
+                    preexec_fn=child_setup(os.getpid(), rlimit_pairs(self.spec.rlimits)),
                 )
             except OSError as e:
                 info = ExitInfo(returncode=127, phase="start", log_tail=str(e))
@@ -316,7 +318,22 @@ _PRCTL = _load_prctl()
 libraries (another thread may have held the loader's lock at the fork)."""
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
+def rlimit_pairs(limits: dict[str, int]) -> list[tuple[int, int]]:
+    """``{"RLIMIT_FSIZE": n}`` as ``(resource.RLIMIT_FSIZE, n)`` pairs, resolved in the
+    parent (an unknown name is a ValueError here, not a failure in the child)."""
+    out = []
+    for name, value in limits.items():
+        which = getattr(resource, name, None)
+        if not name.startswith("RLIMIT_") or not isinstance(which, int):
+            raise ValueError(f"unknown resource limit {name!r}")
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)  # only root may raise a hard limit
+        out.append((which, value))
+    return out
+
+
+def child_setup(parent: int, rlimits: list[tuple[int, int]] | None = None) -> Callable[[], None]:
     """For the child, before exec: ask Linux to SIGTERM it when the harness dies, even by
     SIGKILL, so a killed harness leaves no server behind (its workers follow their parent).
     If the harness died before the request was made, exit at once.
@@ -326,7 +343,11 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     """
     prctl = _PRCTL
 
+    limits = rlimits or []
+
     def child() -> None:
+        for which, value in limits:
+            resource.setrlimit(which, (value, value))
         if prctl is None:
             return
         prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))  # type: ignore[operator]

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -83,9 +83,17 @@ class ManagedServer:
     def spec(self, port: int) -> LaunchSpec:
         return self.engine.launch_spec(self.config, self.model, port)
 
+    def check(self) -> None:
+        """Raise ConfigRejected for a config the engine's table refuses."""
+        self.engine.check(self.config)
+
+    @property
+    def label(self) -> str:
+        return self.engine.name
+
     async def start(self) -> ServerProcess:
         """Check, launch and wait for readiness; raises ConfigRejected or ServerError."""
-        self.engine.check(self.config)
+        self.check()
         tries = 1 if self.port is not None else PORT_RETRIES
         for attempt in range(tries):
             port = self.port if self.port is not None else free_port()
@@ -114,6 +122,45 @@ class ManagedServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+class ScriptServer(ManagedServer):
+    """A server started by a workspace's launcher script in a sandbox (the real tracks'
+    submissions): the same lifecycle as a config's server, with no table to check (what
+    the script runs is the agent's business; whether it serves honestly is measured)."""
+
+    def __init__(
+        self,
+        sandbox: LauncherSandbox,
+        script: str,
+        model: ModelRef,
+        log_path: Path,
+        *,
+        port: int | None = None,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.sandbox = sandbox
+        self.script = script
+        self.model = model
+        self.log_path = log_path
+        self.port = port
+        self.start_timeout_s = start_timeout_s
+        self.process = None
+        self.config = ServingConfig()
+
+    @property
+    def label(self) -> str:
+        return self.script
+
+    def spec(self, port: int) -> LaunchSpec:
+        return self.sandbox.launch_spec(self.script, port)
+
+    def check(self) -> None:
+        return None
+
+
+class LauncherSandbox(Protocol):
+    def launch_spec(self, script: str, port: int, *, engine: str = ...) -> LaunchSpec: ...
 
 
 async def run_watched(
@@ -200,8 +247,21 @@ async def benchmark_config(
 
     ``on_ready`` is called with the running server before the first workload (to print its
     address, or in tests to reach its process)."""
-    base = {"engine": engine.name, "config": config, "log_path": str(log_path)}
     managed = ManagedServer(engine, config, model, log_path, start_timeout_s=start_timeout_s)
+    return await benchmark_server(managed, workloads, options, progress=progress, on_ready=on_ready)
+
+
+async def benchmark_server(
+    managed: ManagedServer,
+    workloads: Sequence[Workload],
+    options: RunOptions,
+    *,
+    progress: ProgressFn | None = None,
+    on_ready: Callable[[ServerProcess], None] | None = None,
+) -> ServedRun:
+    """:func:`benchmark_config` for any managed server (a config's, or a launcher's)."""
+    log_path = managed.log_path
+    base = {"engine": managed.label, "config": managed.config, "log_path": str(log_path)}
     try:
         server = await managed.start()
     except ConfigRejected as e:

@@ -6,6 +6,7 @@ the cpu track). Both render a :class:`~servegym.engines.config.ServingConfig` to
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from servegym.engines.base import Engine, ModelRef, find_program, register_engine
 from servegym.engines.capabilities import (
@@ -258,6 +259,18 @@ class VllmCpuEngine(_VllmBase):
         from servegym.cpu_track.home import track_paths
 
         return [find_program("vllm", track_paths().venv_bin / "vllm"), "serve"]
+
+    def runtime_dirs(self) -> list[Path]:
+        from servegym.cpu_track.home import track_paths
+        from servegym.sandbox.local import python_runtime_dirs
+
+        venv = track_paths().venv
+        return python_runtime_dirs(venv) if venv.exists() else []
+
+    def tool_dirs(self) -> list[Path]:
+        from servegym.cpu_track.home import track_paths
+
+        return [track_paths().venv_bin]
 
     def quantization_args(self, config: ServingConfig) -> list[str]:
         if config.quantization == "int8":

@@ -48,6 +48,7 @@ from servegym.agents.base import (
     TaskDescription,
 )
 from servegym.engines.config import ServingConfig
+from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
 from servegym.engines.sim.profiles import get_hardware, get_model
@@ -133,7 +134,7 @@ class EnvironmentBase:
     task: Task
     dev_seed: int
     experiments: list[ExperimentResult]
-    submission: ServingConfig | None
+    submission: ServingConfig | LauncherSubmission | None
     submissions: int
     on_experiment: Callable[[ExperimentResult], None] | None
     _specs: dict[bool, tuple[WorkloadSpec, Path]]
@@ -232,7 +233,7 @@ class SimTaskEnvironment(EnvironmentBase):
         self._baseline: dict[bool, ObjectiveMeasurement] = {}
         self._baseline_engine: LaunchedEngine | None = None
         self.experiments: list[ExperimentResult] = []
-        self.submission: ServingConfig | None = None
+        self.submission: ServingConfig | LauncherSubmission | None = None
         self.submissions = 0
         self.sim_gpu_seconds_used = 0.0
         self.harness_error: str | None = None
@@ -351,6 +352,8 @@ class SimTaskEnvironment(EnvironmentBase):
             sla=task.sla.model_dump(exclude_none=True) if task.sla is not None else None,
             accuracy_min_ratio=task.accuracy.min_ratio,
             budget=self.budget_left(),
+            max_agent_tokens=task.budget.max_agent_tokens,
+            max_agent_dollars=task.budget.max_agent_dollars,
         )
 
     def budget_left(self) -> BudgetState:

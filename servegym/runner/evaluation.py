@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegym.engines.config import ServingConfig
+from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.runner.environment import HarnessError
@@ -117,6 +118,8 @@ class Evaluation:
 
 
 def changed_config(config: Any) -> dict[str, Any]:
+    if isinstance(config, LauncherSubmission):
+        return config.record()
     if isinstance(config, ServingConfig):
         try:
             data: dict[str, Any] = config.model_dump(mode="json", exclude_defaults=True)

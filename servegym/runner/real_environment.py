@@ -27,22 +27,28 @@ from typing import Any
 from pydantic import ValidationError
 
 from servegym.agents.base import (
+    LAUNCHER,
     BudgetExhausted,
     BudgetState,
     ExperimentResult,
     KnobInfo,
     TaskDescription,
+    WorkspaceError,
 )
 from servegym.cpu_track.home import TINY_MODEL
 from servegym.cpu_track.reference import Reference, agreement, reference_outputs
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.models import resolve_model
-from servegym.engines.served import ServedRun, benchmark_config
+from servegym.engines.process import read_tail
+from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
 from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
 from servegym.runner.real_measure import measure_run, real_objective_problem
+from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
+from servegym.sandbox.local import Isolation, tree_digest
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
 from servegym.workloads.model import Workload
@@ -89,8 +95,14 @@ class RealTaskEnvironment(EnvironmentBase):
         on_experiment: Callable[[ExperimentResult], None] | None = None,
         engine: Engine | None = None,
         model: ModelRef | None = None,
+        workspace: Path | None = None,
+        submission_dir: Path | None = None,
+        isolation: Isolation = "auto",
     ) -> None:
-        """``engine`` and ``model`` default to the task's (tests pass stand-ins)."""
+        """``engine`` and ``model`` default to the task's (tests pass stand-ins).
+        ``workspace`` (default: a ``workspace`` folder beside ``server_logs``) is the agent's
+        folder, seeded with the baseline's ``start_server.sh``; ``submission_dir`` (default
+        ``submission`` beside it) receives the snapshot a workspace submission makes."""
         task = loaded.task
         if task.track == "sim":
             raise ValueError(f"task {task.id} is a sim-track task")
@@ -110,11 +122,21 @@ class RealTaskEnvironment(EnvironmentBase):
         self._baseline: dict[bool, tuple[ObjectiveMeasurement, float | None]] = {}
         self._references: dict[bool, Reference | None] = {}
         self.experiments: list[ExperimentResult] = []
-        self.submission: ServingConfig | None = None
+        self.submission: ServingConfig | LauncherSubmission | None = None
         self.submissions = 0
         self.wall_seconds_used = 0.0
         self.harness_error: str | None = None
         self._open_log(log_path)
+        root = workspace if workspace is not None else server_logs.parent / "workspace"
+        self.submission_dir = (
+            submission_dir if submission_dir is not None else server_logs.parent / "submission"
+        )
+        self.sandbox = workspace_sandbox(task, self.engine, self.model, root, isolation=isolation)
+        if not (self.sandbox.root / LAUNCHER).exists():
+            seed_workspace(self.sandbox, self.engine, task.baseline)
+        self.workspace = MeteredWorkspace(
+            self.sandbox, charge=self._charge, exhausted=lambda: self.budget_left().exhausted
+        )
 
     # ------------------------------------------------------------------ harness side
 
@@ -128,6 +150,12 @@ class RealTaskEnvironment(EnvironmentBase):
     def budget_used(self) -> float:
         return self.wall_seconds_used
 
+    def _charge(self, seconds: float) -> None:
+        self.wall_seconds_used += seconds
+
+    def charge_wall_seconds(self, seconds: float) -> None:
+        self._charge(max(float(seconds), 0.0))
+
     def _reference(self, quick: bool) -> Reference | None:
         if quick not in self._references:
             self._references[quick] = outputs_reference(
@@ -136,18 +164,15 @@ class RealTaskEnvironment(EnvironmentBase):
         return self._references[quick]
 
     def _serve(self, config: ServingConfig, quick: bool, name: str) -> ServedRun:
+        managed = ManagedServer(
+            self.engine, config, self.model, self.server_logs / f"{name}.log",
+            start_timeout_s=START_TIMEOUT_S,
+        )  # fmt: skip
+        return self._benchmark(managed, quick)
+
+    def _benchmark(self, managed: ManagedServer, quick: bool) -> ServedRun:
         options = RunOptions(model=self.model.served_name, keep_outputs=True)
-        return asyncio.run(
-            benchmark_config(
-                self.engine,
-                config,
-                self.model,
-                [self._workload(quick)],
-                options,
-                self.server_logs / f"{name}.log",
-                start_timeout_s=START_TIMEOUT_S,
-            )
-        )
+        return asyncio.run(benchmark_server(managed, [self._workload(quick)], options))
 
     def _accuracy(self, served: ServedRun, quick: bool) -> float | None:
         ref = self._reference(quick)
@@ -209,6 +234,8 @@ class RealTaskEnvironment(EnvironmentBase):
             sla=task.sla.model_dump(exclude_none=True) if task.sla is not None else None,
             accuracy_min_ratio=task.accuracy.min_ratio,
             budget=self.budget_left(),
+            max_agent_tokens=task.budget.max_agent_tokens,
+            max_agent_dollars=task.budget.max_agent_dollars,
         )
 
     def budget_left(self) -> BudgetState:
@@ -232,7 +259,7 @@ class RealTaskEnvironment(EnvironmentBase):
                 f"budget exhausted after {len(self.experiments)} experiments "
                 f"({self.wall_seconds_used:.0f} wall seconds)"
             )
-        baseline, base_accuracy = self.baseline_dev(quick)
+        self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
         index = len(self.experiments)
         started = time.monotonic()
         try:
@@ -244,16 +271,65 @@ class RealTaskEnvironment(EnvironmentBase):
             message = f"error: argument {loc}: {first['msg']} (the engine refused its arguments)"
             return self._finish(index, started, raw, quick, ok=False, error=message, tail=message)
         served = self._serve(config, quick, f"experiment-{index:03d}")
+        return self._served_result(index, started, changed_knobs(config), quick, served)
+
+    def run_benchmark(self, quick: bool = False) -> ExperimentResult:
+        """Benchmark the workspace's ``start_server.sh`` (see
+        :class:`~servegym.agents.base.WorkspaceEnvironment`); the experiment's config is
+        ``{"launcher": ..., "digest": ...}``, the digest of the workspace's files."""
+        if self.harness_error is not None:
+            raise HarnessError(self.harness_error)
+        if self.budget_left().exhausted:
+            raise BudgetExhausted(
+                f"budget exhausted after {len(self.experiments)} experiments "
+                f"({self.wall_seconds_used:.0f} wall seconds)"
+            )
+        if not (self.sandbox.root / LAUNCHER).is_file():
+            raise WorkspaceError(f"the workspace has no {LAUNCHER}")
+        self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
+        index = len(self.experiments)
+        started = time.monotonic()
+        record = {"launcher": LAUNCHER, "digest": tree_digest(self.sandbox.root)[:16]}
+        managed = ScriptServer(
+            self.sandbox, LAUNCHER, self.model,
+            self.server_logs / f"experiment-{index:03d}.log",
+            start_timeout_s=START_TIMEOUT_S,
+        )  # fmt: skip
+        served = self._benchmark(managed, quick)
+        result = self._served_result(index, started, record, quick, served)
+        if result.ok and result.log_tail is None:
+            # the agent's own server: it gets its log's tail even when all went well
+            result.log_tail = read_tail(managed.log_path, 40)
+            self.experiments[-1].log_tail = result.log_tail
+        return result
+
+    def submit_workspace(self) -> str:
+        """Snapshot the workspace as the submission; returns a one-line summary."""
+        if not (self.sandbox.root / LAUNCHER).is_file():
+            raise WorkspaceError(f"the workspace has no {LAUNCHER}: write it, then submit")
+        files, size, digest = self.sandbox.snapshot(self.submission_dir)
+        self.submission = LauncherSubmission(
+            path=str(self.submission_dir), files=files, bytes=size, digest=digest
+        )
+        self.submissions += 1
+        return (
+            f"submitted the workspace: {files} files, {size:,} bytes, digest {digest[:16]} "
+            f"(the final evaluation starts {LAUNCHER} from these files alone)"
+        )
+
+    def _served_result(
+        self,
+        index: int,
+        started: float,
+        record: dict[str, Any],
+        quick: bool,
+        served: ServedRun,
+    ) -> ExperimentResult:
+        baseline, base_accuracy = self.baseline_dev(quick)
         if not served.ok or not served.results:
             tail = served.exit.log_tail if served.exit is not None else served.message
             return self._finish(
-                index,
-                started,
-                changed_knobs(config),
-                quick,
-                ok=False,
-                error=served.message,
-                tail=tail,
+                index, started, record, quick, ok=False, error=served.message, tail=tail
             )
         m = measure_run(self.task, served.results[0])
         accuracy = self._accuracy(served, quick)
@@ -263,7 +339,7 @@ class RealTaskEnvironment(EnvironmentBase):
         return self._finish(
             index,
             started,
-            changed_knobs(config),
+            record,
             quick,
             ok=True,
             value=m.value,

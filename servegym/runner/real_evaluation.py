@@ -11,19 +11,25 @@ replaying one sample would let a server's prefix cache answer pairs 2 onwards fr
 1's prompts. The score is the geometric mean of the pairs' improvement ratios with its
 bootstrap interval.
 
-Gates: the config's integrity; the launch (a config the engine's capability table refuses,
-or a server that does not start, is ``launch_failed``); the outputs' integrity (every
-scoring request completed with its forced length, counted by the harness); accuracy: the
-agreement of each side's outputs with the reference model's on the scoring prompts
-(:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
-least the task's ``accuracy.min_ratio``. A submission whose server dies during the
-evaluation is ``crashed``; a baseline that does not run is a broken task
-(:class:`~servegym.runner.environment.HarnessError`).
+A submission is a config (the search baselines' and a model agent's on the sim track) or a
+workspace snapshot (:class:`~servegym.engines.launcher.LauncherSubmission`): that one is copied
+into a fresh folder and its ``start_server.sh`` started in a fresh sandbox, from the
+submitted files alone; nothing of the agent's own workspace or processes is reachable.
+
+Gates: the config's integrity (for a workspace: that it holds its launcher); the launch (a
+config the engine's capability table refuses, or a server that does not start, is
+``launch_failed``); the outputs' integrity (every scoring request completed with its forced
+length, counted by the harness); accuracy: the agreement of each side's outputs with the
+reference model's on the scoring prompts (:func:`servegym.cpu_track.reference.agreement`),
+the submission's over the baseline's at least the task's ``accuracy.min_ratio``. A
+submission whose server dies during the evaluation is ``crashed``; a baseline that does not
+run is a broken task (:class:`~servegym.runner.environment.HarnessError`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +37,10 @@ from servegym.cpu_track.reference import agreement
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
+from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerError, ServerProcess
-from servegym.engines.served import ManagedServer, run_watched
+from servegym.engines.served import ManagedServer, ScriptServer, run_watched
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
 from servegym.runner.environment import HarnessError
@@ -49,6 +56,8 @@ from servegym.runner.real_environment import outputs_reference
 from servegym.runner.real_measure import measure_run, real_price
 from servegym.runner.results import SideResult
 from servegym.runner.secrets import stable_seed
+from servegym.runner.workspace import fresh_workspace, workspace_sandbox
+from servegym.sandbox.local import Isolation
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.objectives import (
@@ -110,6 +119,7 @@ def evaluate_real(
     progress: ProgressFn | None = None,
     engine: Engine | None = None,
     model: ModelRef | None = None,
+    isolation: Isolation = "auto",
 ) -> Evaluation:
     """Score ``submission`` against the task's baseline on real servers (see the module
     docstring). Raises :class:`HarnessError` when the baseline does not run. ``engine`` and
@@ -117,7 +127,7 @@ def evaluate_real(
     engine = engine if engine is not None else get_engine(loaded.task.engines[0])
     model = model if model is not None else resolve_model(loaded.task.model)
     return asyncio.run(
-        _evaluate(loaded, submission, scoring_seed, server_logs, progress, engine, model)
+        _evaluate(loaded, submission, scoring_seed, server_logs, progress, engine, model, isolation)
     )
 
 
@@ -129,8 +139,10 @@ async def _evaluate(
     progress: ProgressFn | None,
     engine: Engine,
     model: ModelRef,
+    isolation: Isolation,
 ) -> Evaluation:
     task = loaded.task
+    eval_workspace = server_logs.parent / "eval-workspace"
     repeats = task.evaluation.repeats
     spec, base_dir = workload_spec(loaded)
     samples = [
@@ -169,12 +181,20 @@ async def _evaluate(
         if base_proc is None:
             raise HarnessError(f"the task's baseline config does not run: {base_error}")
         if gate["integrity"].passed:
-            assert isinstance(submission, ServingConfig)
-            config = ServingConfig.model_validate(submission.model_dump())
-            sub_server = ManagedServer(
-                engine, config, model, server_logs / "eval-submission.log",
-                start_timeout_s=START_TIMEOUT_S,
-            )  # fmt: skip
+            sub_log = server_logs / "eval-submission.log"
+            if isinstance(submission, LauncherSubmission):
+                # a fresh sandbox around a fresh copy of the submitted files alone
+                root = fresh_workspace(Path(submission.path), eval_workspace)
+                sandbox = workspace_sandbox(task, engine, model, root, isolation=isolation)
+                sub_server = ScriptServer(
+                    sandbox, submission.script, model, sub_log, start_timeout_s=START_TIMEOUT_S
+                )
+            else:
+                assert isinstance(submission, ServingConfig)
+                config = ServingConfig.model_validate(submission.model_dump())
+                sub_server = ManagedServer(
+                    engine, config, model, sub_log, start_timeout_s=START_TIMEOUT_S
+                )
             sub_proc, sub_error = await _start(sub_server)
             gate["launch"] = gates.check_launch(sub_error)
 
@@ -217,6 +237,7 @@ async def _evaluate(
         await base_server.stop()
         if sub_server is not None:
             await sub_server.stop()
+        shutil.rmtree(eval_workspace, ignore_errors=True)
 
     base_acc = agreement(first["baseline"], reference) if reference is not None else None
     sub_acc = None

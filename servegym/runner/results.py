@@ -145,6 +145,14 @@ class ProcessStats(_Model):
     time_to_best: TimeToBest = Field(
         default_factory=lambda: TimeToBest(experiment=None, budget_fraction=None)
     )
+    shipped_best: bool | None = Field(
+        default=None,
+        description="whether the submission is the best config measured in the agent phase "
+        "(null: no submission or no successful experiment)",
+    )
+    commands: int | None = Field(
+        default=None, description="real tracks: commands the agent ran in its workspace"
+    )
 
 
 class BudgetSummary(_Model):

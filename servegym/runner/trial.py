@@ -40,8 +40,9 @@ import pydantic
 import servegym
 from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, make_agent
 from servegym.engines.config import ServingConfig
+from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
-from servegym.runner.environment import HarnessError, SimTaskEnvironment
+from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.real_evaluation import evaluate_real
@@ -117,7 +118,7 @@ class TrialEnvironment(Protocol):
 
     task: Task
     experiments: list[ExperimentResult]
-    submission: ServingConfig | None
+    submission: ServingConfig | LauncherSubmission | None
     submissions: int
     harness_error: str | None
     budget_unit: str
@@ -167,8 +168,25 @@ def process_stats(env: TrialEnvironment) -> tuple[ProcessStats, ExperimentResult
         submissions=env.submissions,
         dev_baseline_value=dev_value,
         time_to_best=ttb,
+        shipped_best=_shipped_best(env.submission, best),
+        commands=getattr(getattr(env, "workspace", None), "commands", None),
     )
     return stats, best
+
+
+def _shipped_best(
+    submission: ServingConfig | LauncherSubmission | None, best: ExperimentResult | None
+) -> bool | None:
+    """Whether ``submission`` is what ``best`` measured (a config's knobs; a workspace's
+    digest)."""
+    if submission is None or best is None:
+        return None
+    if isinstance(submission, LauncherSubmission):
+        return best.config.get("digest") == submission.digest[:16]
+    try:
+        return bool(changed_knobs(submission) == best.config)
+    except Exception:  # a submission that does not even serialise
+        return False
 
 
 def _budget(env: TrialEnvironment) -> BudgetSummary:

@@ -23,6 +23,7 @@ _SANDBOXES: dict[str, SandboxFactory] = {}
 
 _BUILTIN_MODULES = {
     "docker": "servegym.sandbox.docker_runner",
+    "local": "servegym.sandbox.local",
 }
 """Modules that register a built-in sandbox, imported on first use (keeps imports light)."""
 

@@ -21,11 +21,13 @@ Each gate is a :class:`GateResult`; ``passed`` is ``None`` when the gate was not
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.engines.config import ServingConfig
+from servegym.engines.launcher import LauncherSubmission
 from servegym.scoring.objectives import IntegrityCounts
 
 GATE_NAMES: tuple[str, ...] = ("launch", "accuracy", "integrity")
@@ -48,8 +50,21 @@ def not_reached(why: str) -> GateResult:
 
 
 def check_config(config: Any, engines: Sequence[str]) -> GateResult:
-    """Integrity, part one: the submission is a valid ServingConfig for the task's engines."""
+    """Integrity, part one: the submission is a valid ServingConfig for the task's engines,
+    or a workspace with its launcher script."""
     findings: list[str] = []
+    if isinstance(config, LauncherSubmission):
+        script = Path(config.path) / config.script
+        if not script.is_file():
+            findings.append(f"the submitted workspace has no {config.script}")
+        elif not engines:
+            findings.append("the task allows no engine")
+        if findings:
+            return GateResult(passed=False, detail=findings[0], findings=findings)
+        return GateResult(
+            passed=True,
+            detail=f"{config.script} in a workspace of {config.files} files ({config.digest[:12]})",
+        )
     if not isinstance(config, ServingConfig):
         findings.append(f"the submission is a {type(config).__name__}, not a ServingConfig")
     else:

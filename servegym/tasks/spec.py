@@ -185,6 +185,10 @@ class Task(_Strict):
     budget: BudgetSpec
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     tags: list[str] = Field(default_factory=list)
+    agent_network: bool = Field(
+        default=False,
+        description="real tracks: whether the agent's commands may reach the network",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Task:

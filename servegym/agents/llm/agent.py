@@ -1,9 +1,14 @@
-"""LLM agents on the sim track: a model calls the task's tools in a loop.
+"""LLM agents: a model calls the task's tools in a loop (sim and real tracks).
 
 ``--agent anthropic:MODEL``, ``--agent openai:MODEL`` and ``--agent openai-compatible:MODEL``
 (with ``--base-url``). The loop runs in the harness process: the model sees the system
 prompt (``prompts/system_sim.md``) and the task's instruction, and every tool call it makes
-runs against the :class:`~servegym.agents.base.TaskEnvironment` (no key ever reaches it).
+runs against the :class:`~servegym.agents.base.TaskEnvironment` (no key ever reaches it); on
+the real tracks the tools are ``bash``, ``read_file``, ``write_file``, ``run_benchmark`` and
+``submit`` in the task's workspace sandbox (``prompts/system_real.md``).
+Near the model's context limit, older tool results are shortened
+(:mod:`servegym.agents.llm.context`); the task's and the settings' caps on tokens and dollars
+end the loop once reached (the call that crosses a cap completes).
 The loop ends when the model answers without a tool call, after ``max_turns`` model calls,
 or when the provider stays down (the last submission stands and is scored as usual).
 
@@ -25,7 +30,8 @@ from typing import IO, Any
 
 from pydantic import BaseModel
 
-from servegym.agents.base import TaskEnvironment, register_agent
+from servegym.agents.base import LAUNCHER, TaskDescription, TaskEnvironment, register_agent
+from servegym.agents.llm.context import needs_trimming, shorten_old_results
 from servegym.agents.llm.cost import cost_of
 from servegym.agents.llm.providers import (
     AnthropicProvider,
@@ -35,7 +41,7 @@ from servegym.agents.llm.providers import (
     RetryPolicy,
     resolve_api_key,
 )
-from servegym.agents.llm.tools import SIM_TOOLS, run_tool
+from servegym.agents.llm.tools import call_tool, tools_for
 from servegym.agents.llm.types import (
     Message,
     ToolResult,
@@ -59,6 +65,11 @@ class Settings:
     reasoning_effort: str | None = None
     max_retries: int = 6
     retry_base_delay_s: float = 1.0
+    context_tokens: int = 128_000
+    """The model's context window: older tool results are shortened near it."""
+    max_agent_tokens: int | None = None
+    """A cap on tokens (input + output, all calls); the task's own cap applies as well."""
+    max_agent_dollars: float | None = None
 
     def retry(self) -> RetryPolicy:
         return RetryPolicy(max_retries=self.max_retries, base_delay_s=self.retry_base_delay_s)
@@ -88,7 +99,7 @@ class LLMAgent:
         self.cost = AgentCost(model=model)
         self.outcome = "not_started"
         """How the agent phase ended: ``finished`` (the model stopped calling tools),
-        ``max_turns``, or ``provider_unavailable``."""
+        ``max_turns``, ``provider_unavailable``, ``token_budget`` or ``dollar_budget``."""
         self.error: str | None = None
         self._trajectory: IO[str] | None = None
         self._t0 = 0.0
@@ -119,15 +130,33 @@ class LLMAgent:
         dollars = cost_of(usage, self.model)
         c.dollars = None if dollars is None or c.dollars is None else c.dollars + dollars
 
+    def _over_budget(self, desc: TaskDescription) -> str | None:
+        """``token_budget`` or ``dollar_budget`` once a cap is reached, else None."""
+        caps = [c for c in (self.settings.max_agent_tokens, desc.max_agent_tokens) if c]
+        used = self.cost.input_tokens + self.cost.output_tokens
+        if caps and used >= min(caps):
+            return "token_budget"
+        dollar_caps = [c for c in (self.settings.max_agent_dollars, desc.max_agent_dollars) if c]
+        if dollar_caps and self.cost.dollars is not None and self.cost.dollars >= min(dollar_caps):
+            return "dollar_budget"
+        return None
+
     async def _run(self, env: TaskEnvironment) -> None:
         self._t0 = time.monotonic()
-        system = load_prompt("system_sim.md")
         desc = env.describe()
+        track = desc.track
+        system = load_prompt("system_sim.md" if track == "sim" else "system_real.md")
+        tools = tools_for(track)
         baseline = ServingConfig.model_validate(desc.baseline)
+        first = (
+            "Start with describe_task."
+            if track == "sim"
+            else f"Start by reading {LAUNCHER} (describe_task gives the task's details)."
+        )
         messages: list[Message] = [
             UserMessage(
-                text=f"{desc.instruction}\n\nStart with describe_task. The objective is "
-                f"{desc.objective} ({'higher' if desc.higher_is_better else 'lower'} is better)."
+                text=f"{desc.instruction}\n\n{first} The objective is {desc.objective} "
+                f"({'higher' if desc.higher_is_better else 'lower'} is better)."
             )
         ]
         s = self.settings
@@ -135,12 +164,16 @@ class LLMAgent:
         provider = self.make_provider()
         try:
             for _ in range(s.max_turns):
+                if (spent := self._over_budget(desc)) is not None:
+                    self.outcome = spent
+                    self._log(spent, cost=self.cost.model_dump())
+                    return
                 self._log("request", messages=len(messages))
                 try:
                     turn = await provider.complete(
                         system,
                         messages,
-                        SIM_TOOLS,
+                        tools,
                         max_tokens=s.max_tokens,
                         temperature=s.temperature,
                         reasoning_effort=s.reasoning_effort,
@@ -165,7 +198,7 @@ class LLMAgent:
                     return
                 results = []
                 for call in turn.tool_calls:
-                    out = await asyncio.to_thread(run_tool, env, baseline, call)
+                    out = await asyncio.to_thread(call_tool, env, track, baseline, call)
                     content = out.content
                     self._log(
                         "tool", name=call.name, arguments=call.arguments, result=content,
@@ -175,6 +208,10 @@ class LLMAgent:
                         ToolResult(tool_call_id=call.id, content=content, is_error=out.is_error)
                     )
                 messages.append(ToolResultsMessage(results=results))
+                context = turn.usage.input_tokens + turn.usage.output_tokens
+                if needs_trimming(context, s.context_tokens):
+                    messages, removed = shorten_old_results(messages)
+                    self._log("context_trimmed", context_tokens=context, chars_removed=removed)
         finally:
             await provider.aclose()
 

@@ -1,8 +1,12 @@
-"""The sim track's tools, as an LLM agent sees them, and how each call runs.
+"""The tools an agent calls, as an LLM sees them, and how each call runs.
 
-Tool names and arguments are fixed by the benchmark: ``describe_task``,
+Tool names and arguments are fixed by the benchmark. Sim track: ``describe_task``,
 ``run_experiment`` (``config``: knob -> value, ``quick``: bool) and ``submit``
-(``config``). Every result is text (JSON where it is data) and ends with a line saying
+(``config``). Real tracks (cpu, gpu): ``bash`` (``command``, ``timeout``), ``read_file``
+(``path``), ``write_file`` (``path``, ``content``), ``run_benchmark`` (``quick``: starts
+the workspace's ``start_server.sh``, runs the dev workload, returns metrics and the server
+log's tail) and ``submit`` (no arguments: the workspace as it is now is the submission).
+Every result is text (JSON where it is data) and ends with a line saying
 what is left of the budget. A bad call (unknown tool, malformed arguments, an invalid
 config) is answered with an error the model can read and correct, never raised.
 """
@@ -14,7 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from servegym.agents.base import BudgetExhausted, BudgetState, TaskEnvironment
+from servegym.agents.base import (
+    LAUNCHER,
+    BudgetExhausted,
+    BudgetState,
+    ExperimentResult,
+    TaskEnvironment,
+    WorkspaceEnvironment,
+    WorkspaceError,
+)
 from servegym.agents.llm.types import ToolCall, ToolSpec
 from servegym.engines.config import ServingConfig
 
@@ -96,7 +108,11 @@ def _validation_text(e: ValidationError) -> str:
 
 
 def _experiment_text(env: TaskEnvironment, config: ServingConfig, quick: bool) -> str:
-    r = env.run_experiment(config, quick=quick)
+    return experiment_text(env.run_experiment(config, quick=quick))
+
+
+def experiment_text(r: ExperimentResult) -> str:
+    """An experiment's result as the agent reads it (JSON)."""
     out: dict[str, Any] = {"experiment": r.index, "config": r.config, "ok": r.ok}
     if r.ok:
         out["objective_value"] = r.objective_value
@@ -159,3 +175,116 @@ def _with_budget(env: TaskEnvironment, outcome: ToolOutcome) -> ToolOutcome:
         body = body[:MAX_RESULT_CHARS] + "\n[... result cut ...]"
     outcome.content = f"{body}\n\n{budget_line(state)}{note}"
     return outcome
+
+
+REAL_TOOLS = [
+    ToolSpec(
+        name="bash",
+        description="Run a bash command in your workspace (the current folder; the model is "
+        "at $MODEL_PATH, read-only). Output is cut to 30,000 characters. Its seconds count "
+        "against the wall-clock budget.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "command": {"type": "string"},
+                "timeout": {"type": "number", "description": "seconds (default 120)"},
+            },
+            "required": ["command"],
+        },
+    ),
+    ToolSpec(
+        name="read_file",
+        description="Read a text file in the workspace.",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "relative to the workspace"}},
+            "required": ["path"],
+        },
+    ),
+    ToolSpec(
+        name="write_file",
+        description="Write a text file in the workspace (created or replaced; .sh files are "
+        "made executable).",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    ),
+    ToolSpec(
+        name="run_benchmark",
+        description=f"Start the workspace's {LAUNCHER}, run the dev workload against it, stop "
+        "it; returns the objective, its improvement over the baseline, accuracy, metrics and "
+        "the server log's tail. Costs budget.",
+        parameters={
+            "type": "object",
+            "properties": {"quick": {"type": "boolean", "description": "a shorter, cheaper run"}},
+        },
+    ),
+    ToolSpec(
+        name="submit",
+        description=f"Declare the workspace as it is now your final answer: the final "
+        f"evaluation starts its {LAUNCHER} in a fresh sandbox from these files alone (the "
+        "last submission stands).",
+        parameters={"type": "object", "properties": {}},
+    ),
+]
+
+
+def tools_for(track: str) -> list[ToolSpec]:
+    return SIM_TOOLS if track == "sim" else REAL_TOOLS
+
+
+def _text_arg(args: dict[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str):
+        raise TypeError(f"argument '{name}' must be a string")
+    return value
+
+
+def run_real_tool(env: WorkspaceEnvironment, call: ToolCall) -> ToolOutcome:
+    """Run one real-track tool call; errors go back to the model as text."""
+    if call.arguments_error is not None:
+        return _with_budget(env, ToolOutcome(f"error: {call.arguments_error}", is_error=True))
+    args = call.arguments
+    ws = env.workspace
+    try:
+        if call.name == "bash":
+            timeout = args.get("timeout", 120)
+            if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+                raise TypeError("argument 'timeout' must be a number of seconds")
+            r = ws.run(_text_arg(args, "command"), float(timeout))
+            status = "timed out" if r.timed_out else f"exit code {r.exit_code}"
+            outcome = ToolOutcome(f"{r.output}\n[{status}, {r.seconds:.1f} s]")
+        elif call.name == "read_file":
+            outcome = ToolOutcome(ws.read_file(_text_arg(args, "path")))
+        elif call.name == "write_file":
+            n = ws.write_file(_text_arg(args, "path"), _text_arg(args, "content"))
+            outcome = ToolOutcome(f"wrote {n} bytes to {args['path']}")
+        elif call.name == "run_benchmark":
+            outcome = ToolOutcome(experiment_text(env.run_benchmark(bool(args.get("quick")))))
+        elif call.name == "submit":
+            outcome = ToolOutcome(env.submit_workspace())
+        elif call.name == "describe_task":
+            outcome = ToolOutcome(env.describe().model_dump_json(indent=1, exclude={"budget"}))
+        else:
+            names = ", ".join(t.name for t in REAL_TOOLS)
+            outcome = ToolOutcome(
+                f"error: unknown tool '{call.name}' (tools: {names})", is_error=True
+            )
+    except (TypeError, WorkspaceError) as e:
+        outcome = ToolOutcome(f"error: {e}", is_error=True)
+    except BudgetExhausted as e:
+        outcome = ToolOutcome(f"error: the budget is spent ({e}); submit now", is_error=True)
+    return _with_budget(env, outcome)
+
+
+def call_tool(
+    env: TaskEnvironment, track: str, baseline: ServingConfig, call: ToolCall
+) -> ToolOutcome:
+    """A call to the tools of ``track`` (see :func:`tools_for`)."""
+    if track == "sim":
+        return run_tool(env, baseline, call)
+    if not hasattr(env, "run_benchmark"):
+        return ToolOutcome(f"error: this {track}-track task has no workspace", is_error=True)
+    return run_real_tool(env, call)  # type: ignore[arg-type]

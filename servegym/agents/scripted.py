@@ -1,0 +1,94 @@
+"""``--agent scripted --script FILE``: replay a file of tool calls through the task's tools.
+
+The file is JSON Lines, one tool call per line: ``{"tool": "run_experiment", "arguments":
+{"config": {"max_num_seqs": 64}}}`` (``name`` works for ``tool``). A trial's own
+``trajectory.jsonl`` is accepted as it is: its ``tool`` records are replayed in order and
+everything else is skipped, so a researcher can re-run what a model did, on another seed or
+after a harness change. Calls run through exactly the tools a model agent has (the sim
+track's or the real tracks'), and each call and its result is written to the trial's
+trajectory. A call answered with an error does not stop the replay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from servegym.agents.base import TaskEnvironment, register_agent
+from servegym.agents.llm.tools import call_tool
+from servegym.agents.llm.types import ToolCall
+from servegym.engines.config import ServingConfig
+from servegym.errors import UserError
+
+
+def load_script(path: Path) -> list[ToolCall]:
+    """The tool calls in ``path``; a bad line is one error naming the file and line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise UserError(f"--script {path}: {e.strerror or e}") from None
+    calls: list[ToolCall] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--script {path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise UserError(f"--script {path}:{n}: a line must be a JSON object")
+        if "kind" in record and record.get("kind") != "tool":
+            continue  # a trajectory's model calls and notes
+        name = record.get("tool", record.get("name"))
+        args = record.get("arguments", {})
+        if not isinstance(name, str) or not isinstance(args, dict):
+            raise UserError(
+                f'--script {path}:{n}: needs "tool" (a name) and "arguments" (an object)'
+            )
+        calls.append(ToolCall(id=f"call-{len(calls)}", name=name, arguments=args))
+    if not calls:
+        raise UserError(f"--script {path}: no tool calls in it")
+    return calls
+
+
+@register_agent("scripted")
+class ScriptedAgent:
+    """Replays a script of tool calls; see the module docstring."""
+
+    def __init__(self, script: str | Path | None = None) -> None:
+        if script is None:
+            raise UserError("--agent scripted: needs --script FILE (JSON Lines of tool calls)")
+        self.script = Path(script)
+        self.calls = load_script(self.script)
+        self.name = "scripted"
+        self.trajectory_path: Path | None = None
+        self.outcome = "not_started"
+
+    def run(self, env: TaskEnvironment, seed: int) -> None:
+        desc = env.describe()
+        baseline = ServingConfig.model_validate(desc.baseline)
+        out: IO[str] | None = None
+        if self.trajectory_path is not None:
+            self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
+            out = self.trajectory_path.open("a", encoding="utf-8")
+        t0 = time.monotonic()
+        try:
+            for call in self.calls:
+                result = call_tool(env, desc.track, baseline, call)
+                if out is not None:
+                    record: dict[str, Any] = {
+                        "t": round(time.monotonic() - t0, 3),
+                        "kind": "tool",
+                        "name": call.name,
+                        "arguments": call.arguments,
+                        "result": result.content,
+                        "is_error": result.is_error,
+                    }
+                    out.write(json.dumps(record, default=str) + "\n")
+                    out.flush()
+            self.outcome = "finished"
+        finally:
+            if out is not None:
+                out.close()

