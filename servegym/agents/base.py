@@ -215,6 +215,10 @@ MODEL_AGENTS = (
     "anthropic",
     "openai",
     "openai-compatible",
+    "claude-code",
+    "codex",
+    "gemini-cli",
+    "opencode",
 )
 """Agents named ``<kind>:<model>`` (an LLM behind a provider, or a coding-agent CLI on one)."""
 
@@ -246,6 +250,7 @@ def _load_builtins() -> None:
     for module in (
         "servegym.agents.baselines",
         "servegym.agents.llm.agent",
+        "servegym.agents.cli.agent",
         "servegym.agents.scripted",
     ):
         importlib.import_module(module)
