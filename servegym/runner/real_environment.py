@@ -251,7 +251,8 @@ class RealTaskEnvironment(EnvironmentBase):
             wall_seconds_left=None if b.wall_seconds is None else max(b.wall_seconds - used, 0.0),
         )
 
-    def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
+    def _may_run(self) -> None:
+        """Raise unless another experiment may run (a broken harness, a spent budget)."""
         if self.harness_error is not None:
             raise HarnessError(self.harness_error)
         if self.budget_left().exhausted:
@@ -259,6 +260,9 @@ class RealTaskEnvironment(EnvironmentBase):
                 f"budget exhausted after {len(self.experiments)} experiments "
                 f"({self.wall_seconds_used:.0f} wall seconds)"
             )
+
+    def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
+        self._may_run()
         self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
         index = len(self.experiments)
         started = time.monotonic()
@@ -277,13 +281,7 @@ class RealTaskEnvironment(EnvironmentBase):
         """Benchmark the workspace's ``start_server.sh`` (see
         :class:`~servegym.agents.base.WorkspaceEnvironment`); the experiment's config is
         ``{"launcher": ..., "digest": ...}``, the digest of the workspace's files."""
-        if self.harness_error is not None:
-            raise HarnessError(self.harness_error)
-        if self.budget_left().exhausted:
-            raise BudgetExhausted(
-                f"budget exhausted after {len(self.experiments)} experiments "
-                f"({self.wall_seconds_used:.0f} wall seconds)"
-            )
+        self._may_run()
         if not (self.sandbox.root / LAUNCHER).is_file():
             raise WorkspaceError(f"the workspace has no {LAUNCHER}")
         self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts

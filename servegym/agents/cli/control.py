@@ -38,6 +38,8 @@ from servegym.agents.base import (
     WorkspaceEnvironment,
     WorkspaceError,
 )
+from servegym.agents.llm.tools import experiment_summary
+from servegym.aio_serve import serve_app
 
 LOG_TAIL_CHARS = 2000
 """The benchmark answer carries at most this much of the server log's end."""
@@ -59,30 +61,8 @@ def budget_line(b: BudgetState) -> str:
 
 
 def benchmark_summary(r: ExperimentResult, budget: BudgetState) -> dict[str, Any]:
-    """What the agent is told about one benchmark."""
-    out: dict[str, Any] = {"experiment": r.index, "quick": r.quick, "ok": r.ok}
-    if r.ok:
-        out["objective_value"] = r.objective_value
-        out["improvement"] = r.improvement
-        out["accuracy_ratio"] = r.accuracy_ratio
-        if r.metrics is not None:
-            m = r.metrics
-            out["metrics"] = {
-                "ttft_ms_p50": m.ttft_ms.p50,
-                "ttft_ms_p99": m.ttft_ms.p99,
-                "tpot_ms_p50": m.tpot_ms.p50,
-                "tpot_ms_p99": m.tpot_ms.p99,
-                "e2e_ms_p50": m.e2e_ms.p50,
-                "e2e_ms_p99": m.e2e_ms.p99,
-                "output_throughput": m.output_throughput,
-                "request_throughput": m.request_throughput,
-                "completed": m.completed,
-                "failed": m.failed,
-            }
-    else:
-        out["launch_error"] = r.launch_error
-    if r.log_tail:
-        out["log_tail"] = r.log_tail[-LOG_TAIL_CHARS:]
+    """What the agent is told about one benchmark (what a model agent's tool says)."""
+    out = experiment_summary(r, LOG_TAIL_CHARS)
     out["budget"] = budget_line(budget)
     return out
 
@@ -127,14 +107,7 @@ class ControlServer:
         app.router.add_post("/benchmark", self._benchmark)
         app.router.add_post("/submit", self._submit)
         app.router.add_get("/budget", self._budget)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, self.host, self.port).start()
-        self._runner = runner
-        for address in runner.addresses:
-            if isinstance(address, tuple) and len(address) >= 2:
-                self.port = int(address[1])
-                break
+        self._runner, self.port = await serve_app(app, self.host, self.port)
         return self
 
     async def close(self) -> None:

@@ -42,6 +42,7 @@ from servegym.agents.cli.providers import (
     normalise_upstream,
     read_api_key,
 )
+from servegym.aio_serve import serve_app
 
 __all__ = [
     "KEY_ENV",
@@ -142,14 +143,7 @@ class KeyProxy:
         self._session = aiohttp.ClientSession(auto_decompress=False, timeout=self._timeout)
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, self.host, self.port).start()
-        self._runner = runner
-        for address in runner.addresses:
-            if isinstance(address, tuple) and len(address) >= 2:
-                self.port = int(address[1])
-                break
+        self._runner, self.port = await serve_app(app, self.host, self.port)
         return self
 
     async def close(self) -> None:

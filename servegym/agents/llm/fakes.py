@@ -51,6 +51,7 @@ from typing import Any, ClassVar, Self
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from servegym.aio_serve import serve_app
 from servegym.errors import UserError
 
 __all__ = [
@@ -227,15 +228,7 @@ class FakeServer:
         self._closing.clear()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        await site.start()
-        self._runner = runner
-        for address in runner.addresses:
-            if isinstance(address, tuple) and len(address) >= 2:
-                self.port = int(address[1])
-                break
+        self._runner, self.port = await serve_app(app, self.host, self.port)
         return self
 
     async def close(self) -> None:

@@ -111,9 +111,11 @@ def _experiment_text(env: TaskEnvironment, config: ServingConfig, quick: bool) -
     return experiment_text(env.run_experiment(config, quick=quick))
 
 
-def experiment_text(r: ExperimentResult) -> str:
-    """An experiment's result as the agent reads it (JSON)."""
-    out: dict[str, Any] = {"experiment": r.index, "config": r.config, "ok": r.ok}
+def experiment_summary(
+    r: ExperimentResult, log_tail_chars: int = MAX_LOG_TAIL_CHARS
+) -> dict[str, Any]:
+    """What an agent is told of one experiment (the tools' and the CLI agents' alike)."""
+    out: dict[str, Any] = {"experiment": r.index, "config": r.config, "quick": r.quick, "ok": r.ok}
     if r.ok:
         out["objective_value"] = r.objective_value
         out["improvement"] = r.improvement
@@ -125,15 +127,23 @@ def experiment_text(r: ExperimentResult) -> str:
                 "ttft_ms_p99": m.ttft_ms.p99,
                 "tpot_ms_p50": m.tpot_ms.p50,
                 "tpot_ms_p99": m.tpot_ms.p99,
+                "e2e_ms_p50": m.e2e_ms.p50,
                 "e2e_ms_p99": m.e2e_ms.p99,
                 "output_throughput": m.output_throughput,
+                "request_throughput": m.request_throughput,
                 "completed": m.completed,
                 "failed": m.failed,
             }
     else:
         out["launch_error"] = r.launch_error
     if r.log_tail:
-        out["log_tail"] = r.log_tail[-MAX_LOG_TAIL_CHARS:]
+        out["log_tail"] = r.log_tail[-log_tail_chars:]
+    return out
+
+
+def experiment_text(r: ExperimentResult) -> str:
+    """An experiment's result as the agent reads it (JSON)."""
+    out = experiment_summary(r)
     return json.dumps(out, indent=1, default=str)
 
 
