@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from servegym.errors import UserError
 from servegym.tasks.commands import task_app
@@ -237,7 +238,7 @@ def sim(
             ("--workload", workload),
             ("--out", out),
         )
-        if value is None
+        if not value  # an empty --model "" is as missing as none
     ]
     if missing:
         raise UserError(f"servegym sim needs {', '.join(missing)} (or --list)")
@@ -259,7 +260,9 @@ def sim(
     try:
         outcome = run_sim(request)
     except LaunchError as e:
-        err_console.print(f"[bold red]launch failed:[/] {e.message}", highlight=False)
+        err_console.print(
+            f"[bold red]launch failed:[/] {escape(e.message)}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(e.exit_code) from None
     console.print(render_metrics(outcome.metrics, title=outcome.title))
     console.print(render_sim_stats(outcome.stats))
@@ -336,6 +339,95 @@ def run(
         raise typer.Exit(code)
 
 
+@app.command("score")
+def score(
+    task: Annotated[str, typer.Option("--task", help="a cpu- or gpu-track task id or folder")],
+    base_url: Annotated[
+        str, typer.Option("--base-url", help="the running server, http://HOST:PORT")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="folder for the trial folder")] = Path("runs"),
+    seed: Annotated[int, typer.Option("--seed", min=0, help="which hidden sample")] = 0,
+) -> None:
+    """Score a server that is already running: the task's final evaluation (hidden
+    workload, gates, paired comparison with the baseline, which the harness launches)."""
+    from servegym.runner.command import render_trial
+    from servegym.runner.score_server import AGENT, score_server
+    from servegym.runner.trial import trial_folder
+
+    with err_console.status(f"scoring {base_url} on {task}"):
+        result = score_server(task, base_url, out, seed=seed)
+    console.print(render_trial(result, trial_folder(out, result.task, AGENT, seed)))
+    if result.outcome == "harness_error":
+        raise typer.Exit(1)
+
+
+@app.command("sweep")
+def sweep(
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="task id patterns, comma-separated (e.g. '*')")
+    ],
+    agents: Annotated[str, typer.Option("--agents", help="agents, comma-separated")],
+    out: Annotated[Path, typer.Option("--out", help="the sweep's run folder")],
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds 0..N-1 per cell")] = 1,
+    executor: Annotated[
+        str, typer.Option("--executor", help="local (worker processes) or ray")
+    ] = "local",
+    max_concurrent: Annotated[
+        int | None, typer.Option("--max-concurrent", min=1, help="trials at once")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="ray: an existing cluster's address")
+    ] = None,
+    track: Annotated[
+        str | None, typer.Option("--track", help="only tasks of this track: sim, cpu, gpu")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="model agents: the provider's URL")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="model agents: the key's variable")
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", min=1, help="model agents: calls at most")
+    ] = None,
+    max_agent_dollars: Annotated[
+        float | None, typer.Option("--max-agent-dollars", min=0.0, help="model agents: cap")
+    ] = None,
+) -> None:
+    """Run every trial of tasks x agents x seeds into one folder; re-running the same
+    command resumes (finished trials are skipped, partial ones restarted)."""
+    from servegym.runner.sweep_command import run_sweep_command
+
+    if track not in (None, "sim", "cpu", "gpu"):
+        raise UserError(f"--track must be sim, cpu or gpu, not '{track}'")
+    if executor != "ray" and address is not None:
+        raise UserError("--address is for --executor ray")
+    options = {
+        k: v
+        for k, v in {
+            "base_url": base_url,
+            "api_key_env": api_key_env,
+            "max_turns": max_turns,
+            "max_agent_dollars": max_agent_dollars,
+        }.items()
+        if v is not None
+    }
+    code = run_sweep_command(
+        tasks,
+        agents,
+        seeds,
+        out,
+        console,
+        executor=executor,
+        max_concurrent=max_concurrent,
+        address=address,
+        track=track,  # type: ignore[arg-type]
+        agent_options=options,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 setup_app = typer.Typer(help="Prepare a track's engines and models.", no_args_is_help=True)
 app.add_typer(setup_app, name="setup")
 
@@ -400,6 +492,38 @@ def serve(
         raise typer.Exit(code)
 
 
+@app.command("leaderboard")
+def leaderboard(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="run folders of <task>__<agent>__s<seed>/trial.json")
+    ],
+    format_: Annotated[
+        str, typer.Option("--format", help="table, markdown, csv or json (to stdout)")
+    ] = "table",
+    html: Annotated[
+        Path | None, typer.Option("--html", help="also write a self-contained HTML report")
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option("--task", help="the report's task (default: the one with most agents)"),
+    ] = None,
+) -> None:
+    """Rank agents over every trial in the run folders: geometric mean of improvement over
+    tasks with a bootstrap interval over seeds, outcomes, process and cost."""
+    from servegym.scoring.leaderboard import leaderboard_command
+
+    try:
+        leaderboard_command(run_dirs, format_, html, task, console, err_console)
+    except UserError as e:  # one line and exit 2, also when called without main()
+        print_user_error(e)
+        raise typer.Exit(e.exit_code) from None
+
+
+def print_user_error(e: UserError) -> None:
+    """The one line a user error prints: ``error: <message>`` (the message is not markup)."""
+    err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False, soft_wrap=True)
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -414,7 +538,7 @@ def main() -> None:
     try:
         app()
     except UserError as e:
-        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False, soft_wrap=True)
+        print_user_error(e)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")

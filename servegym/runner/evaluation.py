@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegym.engines.config import ServingConfig
-from servegym.engines.launcher import LauncherSubmission
+from servegym.engines.launcher import ExternalServer, LauncherSubmission
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.runner.environment import HarnessError
@@ -41,7 +41,9 @@ from servegym.runner.results import (
     MetricComparison,
     ObjectiveSummary,
     Outcome,
+    SideLatencies,
     SideResult,
+    side_latencies,
 )
 from servegym.runner.secrets import stable_seed
 from servegym.scoring import gates
@@ -111,6 +113,9 @@ class Evaluation:
     measurements: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = field(
         default_factory=list
     )
+    latencies: dict[str, SideLatencies] = field(default_factory=dict)
+    """The first pair's per-request latencies, ``baseline`` and ``submission`` (where
+    measured), sorted and capped: what the trial writes to ``latencies.json``."""
 
     @property
     def score(self) -> float | None:
@@ -118,7 +123,7 @@ class Evaluation:
 
 
 def changed_config(config: Any) -> dict[str, Any]:
-    if isinstance(config, LauncherSubmission):
+    if isinstance(config, LauncherSubmission | ExternalServer):
         return config.record()
     if isinstance(config, ServingConfig):
         try:
@@ -403,6 +408,12 @@ def conclude(
         outcome = "accuracy_failed"
     else:
         outcome = "scored"
+    latencies: dict[str, SideLatencies] = {}
+    if pairs:
+        for side, m in (("baseline", pairs[0][0]), ("submission", pairs[0][1])):
+            lat = side_latencies(m.latencies) if m is not None else None
+            if lat is not None:
+                latencies[side] = lat
     return Evaluation(
         outcome=outcome,
         gates=gate,
@@ -414,4 +425,5 @@ def conclude(
         paired=paired,
         error=crashed,
         measurements=pairs,
+        latencies=latencies,
     )

@@ -10,7 +10,7 @@ real-track task cannot use them (:func:`real_objective_problem`).
 from __future__ import annotations
 
 from servegym.loadgen.records import RunResult
-from servegym.scoring.metrics import Metrics, compute_metrics
+from servegym.scoring.metrics import Metrics, compute_metrics, request_latencies
 from servegym.scoring.objectives import (
     UNITS,
     ObjectiveMeasurement,
@@ -72,4 +72,4 @@ def measure_run(task: Task, result: RunResult) -> ObjectiveMeasurement:
     metrics = compute_metrics(result, sla=task.sla, price=real_price(task))
     m = _measurement(task.objective, metrics)
     m.integrity = integrity_counts(result.records)
-    return m
+    return m.with_latencies(request_latencies(result.records))

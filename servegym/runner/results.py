@@ -36,6 +36,12 @@ Layout (``trial.json``, schema ``servegym.trial/1``)::
     started_at, finished_at, timing
                        wall-clock values: the only keys that differ between two runs of
                        the same seed (:data:`VOLATILE_KEYS`)
+
+Beside it, ``latencies.json`` (schema ``servegym.latencies/1``, :class:`TrialLatencies`,
+written atomically just before ``trial.json`` when the final evaluation measured something):
+the per-request TTFT, TPOT and E2E (ms) of the first evaluation pair's baseline and
+submission runs (the runs ``metrics`` in ``baseline`` and ``submission`` summarise), each list
+sorted and cut to :data:`LATENCY_CAP` values (:func:`capped_sorted`).
 """
 
 from __future__ import annotations
@@ -44,19 +50,25 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from servegym.agents.base import ExperimentResult
 from servegym.scoring.gates import GateResult
-from servegym.scoring.metrics import Metrics
+from servegym.scoring.metrics import Metrics, RequestLatencies
 from servegym.scoring.objectives import IntegrityCounts
 
 SCHEMA = "servegym.trial/1"
 TRIAL_FILE = "trial.json"
 EXPERIMENTS_FILE = "experiments.jsonl"
+LATENCIES_FILE = "latencies.json"
+LATENCIES_SCHEMA = "servegym.latencies/1"
+LATENCY_CAP = 2000
+"""The most values ``latencies.json`` keeps of one distribution."""
 VOLATILE_KEYS: tuple[str, ...] = ("started_at", "finished_at", "timing")
 """Top-level keys of ``trial.json`` that hold wall-clock values."""
 
@@ -274,3 +286,71 @@ def strip_volatile(data: dict[str, Any]) -> dict[str, Any]:
 def load_trial_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
+
+
+def capped_sorted(values: Sequence[float], cap: int = LATENCY_CAP) -> list[float]:
+    """``values`` sorted; when there are more than ``cap``, the ``cap`` order statistics at
+    evenly spaced ranks (the smallest and the largest always kept), so the kept values trace
+    the same empirical CDF to within ``1 / cap``. Deterministic: no random draw."""
+    arr = np.sort(np.asarray(values, dtype=np.float64))
+    arr = arr[np.isfinite(arr)]
+    if arr.size > cap:
+        arr = arr[np.round(np.linspace(0, arr.size - 1, cap)).astype(np.int64)]
+    return [round(float(v), 4) for v in arr]
+
+
+class SideLatencies(_Model):
+    """One side's per-request latencies (ms), sorted, at most :data:`LATENCY_CAP` each."""
+
+    requests: int = Field(description="completed requests of the run, before the cap")
+    ttft_ms: list[float] = Field(default_factory=list)
+    tpot_ms: list[float] = Field(default_factory=list)
+    e2e_ms: list[float] = Field(default_factory=list)
+
+
+class TrialLatencies(_Model):
+    """``latencies.json``: the first evaluation pair's per-request latencies."""
+
+    schema_: str = Field(default=LATENCIES_SCHEMA, alias="schema")
+    cap: int = LATENCY_CAP
+    method: str = (
+        "first evaluation pair (for a rate objective, the run at the rate that side reached); "
+        "each list sorted; above the cap, order statistics at evenly spaced ranks"
+    )
+    baseline: SideLatencies | None = None
+    submission: SideLatencies | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def side_latencies(latencies: RequestLatencies | None) -> SideLatencies | None:
+    """A run's latencies as ``latencies.json`` keeps them."""
+    if latencies is None:
+        return None
+    return SideLatencies(
+        requests=len(latencies.e2e_ms),
+        ttft_ms=capped_sorted(latencies.ttft_ms),
+        tpot_ms=capped_sorted(latencies.tpot_ms),
+        e2e_ms=capped_sorted(latencies.e2e_ms),
+    )
+
+
+def write_latencies(folder: Path, latencies: dict[str, SideLatencies]) -> Path | None:
+    """Write ``latencies.json`` (atomically) from an evaluation's ``latencies``
+    (``baseline``, ``submission``); nothing when it is empty."""
+    if not latencies:
+        return None
+    doc = TrialLatencies(baseline=latencies.get("baseline"), submission=latencies.get("submission"))
+    path = folder / LATENCIES_FILE
+    write_atomic(path, doc.model_dump_json(by_alias=True) + "\n")
+    return path
+
+
+def read_latencies(folder: Path) -> TrialLatencies | None:
+    """A trial folder's ``latencies.json``; None when there is none or it does not parse
+    (older trials have none)."""
+    path = folder / LATENCIES_FILE
+    try:
+        return TrialLatencies.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

@@ -5,6 +5,8 @@ scored in a fresh evaluation on the hidden scoring workload.
 
 - ``experiments.jsonl``: every experiment of the agent phase, one
   :class:`~servegym.agents.base.ExperimentResult` per line, appended as they happen;
+- ``latencies.json``: the first evaluation pair's per-request latencies (sorted, capped;
+  :class:`~servegym.runner.results.TrialLatencies`), when the evaluation measured anything;
 - ``trial.json``: the :class:`~servegym.runner.results.TrialResult` (written atomically,
   last; its presence marks the trial finished, and a finished trial is skipped unless
   ``force``);
@@ -48,6 +50,7 @@ from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.real_evaluation import evaluate_real
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
+    LATENCIES_FILE,
     TRIAL_FILE,
     BudgetSummary,
     Outcome,
@@ -57,6 +60,7 @@ from servegym.runner.results import (
     TrialResult,
     read_trial,
     trial_dir_name,
+    write_latencies,
     write_trial,
 )
 from servegym.runner.secrets import scoring_seed
@@ -137,13 +141,17 @@ class TrialEnvironment(Protocol):
 
 
 def process_stats(env: TrialEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
-    """Process analytics of the agent phase, and its best dev experiment."""
+    """Process analytics of the agent phase, and its best dev experiment (among those whose
+    accuracy would pass the task's gate)."""
     exps = env.experiments
     best: ExperimentResult | None = None
+    min_accuracy = env.task.accuracy.min_ratio
     for e in exps:
         if (
             e.ok
             and e.improvement is not None
+            # a config the accuracy gate would fail is no one's best
+            and (e.accuracy_ratio is None or e.accuracy_ratio >= min_accuracy)
             and (best is None or best.improvement is None or e.improvement > best.improvement)
         ):
             best = e
@@ -239,7 +247,13 @@ def run_trial(
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
-    for stale in (TRIAL_FILE, EXPERIMENTS_FILE, AGENT_ERROR_FILE, HARNESS_ERROR_FILE):
+    for stale in (
+        TRIAL_FILE,
+        EXPERIMENTS_FILE,
+        LATENCIES_FILE,
+        AGENT_ERROR_FILE,
+        HARNESS_ERROR_FILE,
+    ):
         (folder / stale).unlink(missing_ok=True)
     prog = progress or TrialProgress()
     if hasattr(agent, "trajectory_path"):
@@ -334,26 +348,33 @@ def run_trial(
         agent_cost=_agent_cost(agent),
     )
     if evaluation is not None:
-        paired = evaluation.paired
-        result.objective = evaluation.objective
-        result.improvement = evaluation.improvement
-        result.gates = evaluation.gates
-        result.baseline = evaluation.baseline
-        result.submission = evaluation.submission
-        result.evaluation = evaluation.info
-        if paired is not None:
-            result.raw_score = paired.score
-            result.raw_score_ci = paired.ci
-            if outcome == "scored":
-                result.score = paired.score
-                result.score_ci = paired.ci
-                result.leaderboard_score = paired.score
+        fold_evaluation(result, evaluation)
     result.finished_at = _now()
     result.timing = Timing(
         wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
     )
+    if evaluation is not None:
+        write_latencies(folder, evaluation.latencies)  # before trial.json, the finished mark
     write_trial(result, folder)
     return result
+
+
+def fold_evaluation(result: TrialResult, evaluation: Evaluation) -> None:
+    """Copy a final evaluation's findings into ``result`` (its outcome already set)."""
+    paired = evaluation.paired
+    result.objective = evaluation.objective
+    result.improvement = evaluation.improvement
+    result.gates = evaluation.gates
+    result.baseline = evaluation.baseline
+    result.submission = evaluation.submission
+    result.evaluation = evaluation.info
+    if paired is not None:
+        result.raw_score = paired.score
+        result.raw_score_ci = paired.ci
+        if result.outcome == "scored":
+            result.score = paired.score
+            result.score_ci = paired.ci
+            result.leaderboard_score = paired.score
 
 
 def _agent_cost(agent: object) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -37,9 +38,11 @@ __all__ = [
     "Metrics",
     "Percentiles",
     "Price",
+    "RequestLatencies",
     "SessionMetrics",
     "compute_metrics",
     "percentiles",
+    "request_latencies",
 ]
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
@@ -391,4 +394,35 @@ def compute_metrics(
         ),
         sla=sla,
         price=price,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLatencies:
+    """Per-request latencies of one run, in ms, in record order: the values whose summaries
+    :func:`compute_metrics` reports as ``ttft_ms``, ``tpot_ms`` and ``e2e_ms`` (completed
+    measured requests; TTFT of those that produced a token, TPOT of those with more than one
+    output token)."""
+
+    ttft_ms: tuple[float, ...]
+    tpot_ms: tuple[float, ...]
+    e2e_ms: tuple[float, ...]
+
+
+def request_latencies(records: Iterable[RequestRecord]) -> RequestLatencies:
+    """The per-request TTFT, TPOT and E2E (ms) of a run's records, by the definitions of
+    :func:`compute_metrics`."""
+    _, done, _ = _split(records)
+    n = len(done)
+    sent = _ints((r.sent_ns or 0 for r in done), n)
+    done_ns = _ints((r.done_ns or 0 for r in done), n)
+    first = _ints((_first_token_ns(r) for r in done), n)
+    out_tok = _ints((r.output_tokens for r in done), n)
+    has_token = first >= 0
+    multi = has_token & (out_tok > 1)
+    ttft = (first - sent)[has_token] / _NS_PER_MS
+    tpot = (done_ns - first)[multi] / np.maximum(out_tok[multi] - 1, 1) / _NS_PER_MS
+    e2e = (done_ns - sent) / _NS_PER_MS
+    return RequestLatencies(
+        ttft_ms=tuple(ttft.tolist()), tpot_ms=tuple(tpot.tolist()), e2e_ms=tuple(e2e.tolist())
     )

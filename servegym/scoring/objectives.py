@@ -42,12 +42,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from servegym.engines.sim.engine import simulate
 from servegym.engines.sim.launch import LaunchedEngine
 from servegym.loadgen.records import RequestRecord, RunResult
-from servegym.scoring.metrics import Metrics, Percentiles, compute_metrics
+from servegym.scoring.metrics import (
+    Metrics,
+    Percentiles,
+    RequestLatencies,
+    compute_metrics,
+    request_latencies,
+)
 from servegym.scoring.sla import SLA, Price
 from servegym.tasks.spec import ObjectiveSpec, Statistic, Task
 from servegym.workloads.generate import materialise
@@ -144,6 +150,18 @@ class ObjectiveMeasurement(BaseModel):
     runs: int = 0
     sim_seconds: float = 0.0
     integrity: IntegrityCounts = Field(default_factory=IntegrityCounts)
+    _latencies: RequestLatencies | None = PrivateAttr(default=None)
+
+    @property
+    def latencies(self) -> RequestLatencies | None:
+        """Per-request latencies of the run ``metrics`` came from (kept in memory for the
+        final evaluation's ``latencies.json``, never serialised; None when not known)."""
+        return self._latencies
+
+    def with_latencies(self, latencies: RequestLatencies | None) -> ObjectiveMeasurement:
+        """This measurement, holding ``latencies`` (returns ``self``)."""
+        self._latencies = latencies
+        return self
 
     def ratio_value(self) -> float | list[float | None] | None:
         """What :func:`improvement` compares: the value, or the components' values."""
@@ -345,6 +363,7 @@ class SimMeasurement:
     metrics: Metrics
     sim_seconds: float
     integrity: IntegrityCounts
+    latencies: RequestLatencies
 
 
 def task_price(task: Task, engine: LaunchedEngine) -> Price:
@@ -380,7 +399,12 @@ def run_workload(
     )
     metrics = compute_metrics(result, sla=sla, price=price)
     counts = integrity_counts(run.records)
-    return SimMeasurement(metrics=metrics, sim_seconds=run.stats.virtual_s, integrity=counts)
+    return SimMeasurement(
+        metrics=metrics,
+        sim_seconds=run.stats.virtual_s,
+        integrity=counts,
+        latencies=request_latencies(run.records),
+    )
 
 
 def integrity_counts(records: Sequence[RequestRecord]) -> IntegrityCounts:
@@ -532,7 +556,7 @@ class _Measurer:
         unit, hib = UNITS[kind], objective.higher_is_better
         if kind == "composite":
             parts = [self.measure(c) for c in objective.components]
-            shown = next((p.metrics for p in parts if p.kind in _PLAIN_KINDS), parts[0].metrics)
+            shown = next((p for p in parts if p.kind in _PLAIN_KINDS), parts[0])
             return ObjectiveMeasurement(
                 objective=label,
                 kind=kind,
@@ -542,11 +566,11 @@ class _Measurer:
                 feasible=all(p.feasible for p in parts),
                 components=parts,
                 search_truncated=any(p.search_truncated for p in parts),
-                metrics=shown,
+                metrics=shown.metrics,
                 runs=sum(p.runs for p in parts),
                 sim_seconds=sum(p.sim_seconds for p in parts),
                 integrity=_sum_integrity(parts),
-            )
+            ).with_latencies(shown.latencies)
         if kind in _RATE_KINDS:
             rs, ran = self.rate_search(objective)
             value: float | None
@@ -568,7 +592,7 @@ class _Measurer:
                 runs=rs.runs if ran else 0,
                 sim_seconds=rs.sim_seconds if ran else 0.0,
                 integrity=rs.integrity if ran else IntegrityCounts(),
-            )
+            ).with_latencies(rs.shown.latencies)
         m, ran = self.plain()
         value = plain_value(objective, m.metrics)
         return ObjectiveMeasurement(
@@ -582,7 +606,7 @@ class _Measurer:
             runs=1 if ran else 0,
             sim_seconds=m.sim_seconds if ran else 0.0,
             integrity=m.integrity if ran else IntegrityCounts(),
-        )
+        ).with_latencies(m.latencies)
 
 
 @dataclass(frozen=True, slots=True)
