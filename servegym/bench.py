@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,7 +70,10 @@ _MOCK_KEYS = {"ttft_ms": float, "itl_ms": float, "tokens_per_chunk": int, "model
 
 def parse_mock_settings(text: str) -> list[str]:
     """Turn ``--mock 'ttft_ms=50,itl_ms=10'`` into mock-server command-line flags."""
+    from servegym.loadgen.mock_openai import MockOptions
+
     flags: list[str] = []
+    settings: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
@@ -80,12 +84,16 @@ def parse_mock_settings(text: str) -> list[str]:
                 f"--mock: '{part}' is not key=value with key one of {', '.join(_MOCK_KEYS)}"
             )
         try:
-            _MOCK_KEYS[key](value)
+            settings[key] = _MOCK_KEYS[key](value)
         except ValueError:
             raise UserError(
                 f"--mock: {key} needs a {_MOCK_KEYS[key].__name__}, got '{value}'"
             ) from None
         flags += [f"--{key.replace('_', '-')}", value.strip()]
+    try:  # the server's own checks (NaN or negative times), before it is started
+        MockOptions(**settings)
+    except ValueError as e:
+        raise UserError(f"--mock: {e}") from None
     return flags
 
 

@@ -21,7 +21,7 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 class SpeculativeConfig(BaseModel):
     """Speculative decoding: a proposer and how many tokens it proposes per step."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     method: SpecMethod
     num_speculative_tokens: int = Field(ge=1, le=16)
@@ -35,7 +35,7 @@ class SpeculativeConfig(BaseModel):
 class ServingConfig(BaseModel):
     """Engine-neutral serving knobs; ``None`` means the engine's default."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)

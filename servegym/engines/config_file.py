@@ -3,7 +3,6 @@ overrides: the one way every command (``sim``, ``serve``) takes a config."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from pydantic import ValidationError
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.overrides import apply_override, validation_message
+from servegym.tomlfile import read_toml
 
 
 def load_serving_config(path: Path | None, overrides: list[str]) -> ServingConfig:
@@ -21,13 +21,7 @@ def load_serving_config(path: Path | None, overrides: list[str]) -> ServingConfi
     source = "--set"
     if path is not None:
         source = str(path)
-        try:
-            with path.open("rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise UserError(f"--config: no such file: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise UserError(f"{path}: malformed TOML: {e}") from None
+        raw = read_toml(path, missing=f"--config: no such file: {path}")
     for override in overrides:
         apply_override(raw, override, ServingConfig)
     try:

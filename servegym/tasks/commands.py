@@ -81,17 +81,22 @@ def render_task_list(root: Path | None = None) -> Table:
         table.add_column(column, overflow="fold")
     for info in list_tasks(root):
         if info.task is None:
-            table.add_row(info.id, Text(f"error: {info.error}", style="red"), "", "", "", "")
+            table.add_row(Text(info.id), Text(f"error: {info.error}", style="red"), "", "", "", "")
             continue
         t = info.task
         direction = "max" if t.objective.higher_is_better else "min"
-        table.add_row(
-            t.id,
-            t.track,
-            t.model,
-            t.hardware,
-            _workload_label(t),
-            f"{direction} {t.objective.label()}",
+        table.add_row(  # Text: a task's strings are the author's, never markup
+            *(
+                Text(cell)
+                for cell in (
+                    t.id,
+                    t.track,
+                    t.model,
+                    t.hardware,
+                    _workload_label(t),
+                    f"{direction} {t.objective.label()}",
+                )
+            )
         )
     return table
 
@@ -108,7 +113,7 @@ def _kv_table(rows: list[tuple[str, str]]) -> Table:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for k, v in rows:
-        table.add_row(k, v)
+        table.add_row(k, Text(v))  # the task author's text, never markup
     return table
 
 
@@ -459,7 +464,7 @@ def render_validation(results: list[CheckResult], n_tasks: int) -> Table:
     for r in results:
         by_task.setdefault(r.task, {})[r.check] = r
     for task_id, checks in by_task.items():
-        table.add_row(task_id, *(_cell(checks.get(c)) for c in CHECKS))
+        table.add_row(Text(task_id), *(_cell(checks.get(c)) for c in CHECKS))
     return table
 
 
@@ -470,7 +475,7 @@ def render_failures(failures: list[CheckResult]) -> Table:
     table.add_column("check", no_wrap=True)
     table.add_column("why", overflow="fold")
     for r in failures:
-        table.add_row(r.task, r.check, r.detail)
+        table.add_row(Text(r.task), r.check, Text(r.detail))
     return table
 
 

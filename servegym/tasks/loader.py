@@ -18,10 +18,8 @@ folder; a bare name is a shipped workload.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -30,6 +28,7 @@ from servegym.errors import UserError
 from servegym.overrides import validation_message
 from servegym.paths import data_dir
 from servegym.tasks.spec import Task
+from servegym.tomlfile import read_toml
 from servegym.workloads.spec import WorkloadSpec
 
 TASK_FILE = "task.toml"
@@ -68,18 +67,6 @@ class TaskInfo:
 def tasks_dir() -> Path:
     """The shipped tasks folder (``$SERVEGYM_DATA_DIR/tasks`` when that is set)."""
     return data_dir("tasks")
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: malformed TOML: {e}") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def task_folders(root: Path | None = None) -> list[Path]:
@@ -131,7 +118,7 @@ def resolve_task_folder(
 
 def load_task_file(path: Path) -> Task:
     """Read and validate one ``task.toml`` (schema only)."""
-    raw = _read_toml(path)
+    raw = read_toml(path)
     try:
         return Task.model_validate(raw)
     except ValidationError as e:
@@ -140,7 +127,7 @@ def load_task_file(path: Path) -> Task:
 
 def load_oracle(path: Path) -> ServingConfig:
     """Read and validate an ``oracle.toml`` (a ServingConfig)."""
-    raw = _read_toml(path)
+    raw = read_toml(path)
     try:
         return ServingConfig.model_validate(raw)
     except ValidationError as e:

@@ -14,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from servegym.engines.config import ServingConfig
 from servegym.scoring.sla import SLA
+from servegym.workloads.rng import MAX_SEED
+from servegym.workloads.spec import MAX_COUNT, MAX_SCALE
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 Track = Literal["sim", "cpu", "gpu"]
@@ -91,11 +93,14 @@ class WorkloadRef(_Strict):
     overrides: list[str] = Field(
         default_factory=list, description="dotted key=value, as `--set` on the command line"
     )
-    requests: int | None = Field(default=None, ge=1)
-    scale: float | None = Field(default=None, gt=0)
-    dev_seed: int = Field(default=0, ge=0, description="the seed agents see")
+    requests: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    scale: float | None = Field(default=None, gt=0, le=MAX_SCALE)
+    dev_seed: int = Field(default=0, ge=0, le=MAX_SEED, description="the seed agents see")
     quick_requests: int | None = Field(
-        default=None, ge=1, description="requests of a quick experiment (default: a quarter)"
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="requests of a quick experiment (default: a quarter)",
     )
 
 

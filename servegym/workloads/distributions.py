@@ -8,7 +8,7 @@ from typing import Literal, overload
 import numpy as np
 import numpy.typing as npt
 
-from servegym.workloads.spec import LengthDistribution
+from servegym.workloads.spec import MAX_LENGTH, LengthDistribution
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -86,6 +86,7 @@ def sample_lengths(
         values = np.where(in_tail, tail, values)
     if dist.min is not None or dist.max is not None:
         values = np.clip(values, dist.min, dist.max)
+    values = np.minimum(values, MAX_LENGTH)  # a heavy tail may draw past any int64
     if not integer:
         return values.astype(np.float64, copy=False)
     counts: IntArray = np.maximum(np.floor(values + 0.5), 1).astype(np.int64)
@@ -96,7 +97,7 @@ def scale_lengths(lengths: IntArray, scale: float) -> IntArray:
     """Multiply token lengths by ``scale``, rounding half up, each at least 1."""
     if scale == 1.0:
         return lengths
-    scaled: IntArray = np.maximum(np.floor(lengths * scale + 0.5), 1).astype(np.int64)
+    scaled: IntArray = np.clip(np.floor(lengths * scale + 0.5), 1, MAX_LENGTH).astype(np.int64)
     return scaled
 
 
@@ -104,7 +105,7 @@ def scale_length(length: int, scale: float) -> int:
     """:func:`scale_lengths` for one length that may be 0 (0 stays 0: "none")."""
     if length == 0:
         return 0
-    return max(1, math.floor(length * scale + 0.5))
+    return min(MAX_LENGTH, max(1, math.floor(length * scale + 0.5)))
 
 
 def sample_token_lengths(

@@ -10,18 +10,17 @@ quoted strings, arrays, inline tables) and as plain strings otherwise, so
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from servegym.errors import UserError
 from servegym.overrides import apply_override, default_table, validation_message
 from servegym.paths import data_dir
-from servegym.workloads.spec import WorkloadSpec
+from servegym.tomlfile import read_toml
+from servegym.workloads.spec import MAX_COUNT, MAX_SCALE, WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,22 +37,12 @@ def workloads_dir() -> Path:
     return data_dir("workloads")
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: malformed TOML: {e}") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
-
-
 def list_workloads() -> list[WorkloadInfo]:
     """The shipped workloads, sorted by name. A malformed file is listed with its error."""
     infos: list[WorkloadInfo] = []
     for path in sorted(workloads_dir().glob("*.toml")):
         try:
-            raw = _read_toml(path)
+            raw = read_toml(path)
         except UserError as e:
             infos.append(WorkloadInfo(path.stem, "?", f"(unreadable: {e})", path))
             continue
@@ -94,13 +83,15 @@ def load_spec(
     one-line :class:`UserError`.
     """
     path = _resolve(name_or_path)
-    raw = _read_toml(path)
+    raw = read_toml(path)
     raw.setdefault("name", path.stem)
     for override in overrides:
         apply_override(raw, override, WorkloadSpec)
     if requests is not None:
         if requests < 1:
             raise UserError(f"--requests must be at least 1, got {requests}")
+        if requests > MAX_COUNT:
+            raise UserError(f"--requests must be at most {MAX_COUNT:,}, got {requests}")
         old = raw.get("num_requests", WorkloadSpec.model_fields["num_requests"].default)
         agentic = raw.get("agentic")
         if raw.get("kind") == "agentic" and isinstance(agentic, dict):
@@ -112,6 +103,8 @@ def load_spec(
     if scale is not None:
         if not scale > 0:
             raise UserError(f"--scale must be greater than 0, got {scale}")
+        if not scale <= MAX_SCALE:  # inf too
+            raise UserError(f"--scale must be at most {MAX_SCALE:g}, got {scale}")
         raw["scale"] = scale
     try:
         spec = WorkloadSpec.model_validate(raw)

@@ -14,11 +14,16 @@ import numpy as np
 
 from servegym.errors import UserError
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: a workload's content hash stores its seed as a signed 64-bit integer."""
+
 
 def check_seed(seed: int) -> int:
-    """Return ``seed`` if it is a usable seed (a non-negative integer), else raise."""
+    """Return ``seed`` if it is a usable seed (an integer from 0 to 2^63 - 1), else raise."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+    if seed > MAX_SEED:
+        raise UserError(f"seed must be at most 2^63 - 1 ({MAX_SEED}), got {seed}")
     return int(seed)
 
 

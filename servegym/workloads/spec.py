@@ -13,9 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DistKind = Literal["fixed", "uniform", "normal", "lognormal", "pareto"]
 
+MAX_LENGTH = 10_000_000
+"""The largest length a distribution may name or draw (10M tokens: longer than any model's
+context; 10M seconds of think time, 115 days). Draws past it are clamped to it."""
+MAX_COUNT = 10_000_000
+"""The most requests, sessions, turns or prefix groups a workload may ask for."""
+MAX_SCALE = 1000.0
+"""The largest ``scale`` (the multiplier of every token length)."""
+MAX_TOKEN_ID = 2**31
+"""Token ids are drawn as 32-bit integers: ``prompt.token_id_high`` is at most 2^31."""
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LengthDistribution(_Strict):
@@ -36,20 +46,20 @@ class LengthDistribution(_Strict):
     """
 
     dist: DistKind = "fixed"
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
-    mean: float | None = None
-    std: float | None = None
-    median: float | None = None
-    sigma: float | None = None
-    scale: float | None = None
+    value: float | None = Field(default=None, le=MAX_LENGTH)
+    low: float | None = Field(default=None, le=MAX_LENGTH)
+    high: float | None = Field(default=None, le=MAX_LENGTH)
+    mean: float | None = Field(default=None, le=MAX_LENGTH)
+    std: float | None = Field(default=None, le=MAX_LENGTH)
+    median: float | None = Field(default=None, le=MAX_LENGTH)
+    sigma: float | None = Field(default=None, le=100)
+    scale: float | None = Field(default=None, le=MAX_LENGTH)
     alpha: float | None = None
     tail_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
-    tail_start: float | None = None
+    tail_start: float | None = Field(default=None, le=MAX_LENGTH)
     tail_alpha: float | None = None
-    min: float | None = None
-    max: float | None = None
+    min: float | None = Field(default=None, le=MAX_LENGTH)
+    max: float | None = Field(default=None, le=MAX_LENGTH)
 
     @model_validator(mode="after")
     def _check_parameters(self) -> LengthDistribution:
@@ -108,7 +118,7 @@ class ArrivalSpec(_Strict):
     kind: ArrivalKind = "offline"
     rate: float | None = Field(default=None, gt=0)
     burstiness: float = Field(default=1.0, gt=0)
-    concurrency: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     time_scale: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
@@ -136,8 +146,8 @@ class ArrivalSpec(_Strict):
 class SharedPrefixSpec(_Strict):
     """Requests share an exact token prefix: ``groups`` distinct prefixes of ``tokens``."""
 
-    tokens: int = Field(default=0, ge=0)
-    groups: int = Field(default=1, ge=1)
+    tokens: int = Field(default=0, ge=0, le=MAX_LENGTH)
+    groups: int = Field(default=1, ge=1, le=MAX_COUNT)
 
 
 class AgenticSpec(_Strict):
@@ -157,8 +167,8 @@ class AgenticSpec(_Strict):
     conversations, 1,007 turns). See ``servegym.workloads.agentic`` for the session layout.
     """
 
-    system_prompt_tokens: int = Field(default=2500, ge=0)
-    tool_schema_tokens: int = Field(default=1200, ge=0)
+    system_prompt_tokens: int = Field(default=2500, ge=0, le=MAX_LENGTH)
+    tool_schema_tokens: int = Field(default=1200, ge=0, le=MAX_LENGTH)
     task_tokens: LengthDistribution = Field(
         default_factory=lambda: LengthDistribution(
             dist="lognormal", median=400, sigma=0.5, min=50, max=4000
@@ -169,7 +179,7 @@ class AgenticSpec(_Strict):
             dist="lognormal", median=40, sigma=0.5, min=5, max=200
         )
     )
-    total_turns: int | None = Field(default=1000, ge=1)
+    total_turns: int | None = Field(default=1000, ge=1, le=MAX_COUNT)
     reply_tokens: LengthDistribution = Field(
         default_factory=lambda: LengthDistribution(
             dist="lognormal",
@@ -202,10 +212,14 @@ class AgenticSpec(_Strict):
     max_context_tokens: int = Field(
         default=131072,
         ge=16,
+        le=MAX_LENGTH,
         description="a session stops before a turn whose prompt + reply would exceed this",
     )
     warmup_turns: int = Field(
-        default=2, ge=1, description="warm-up sessions are cut to at most this many turns"
+        default=2,
+        ge=1,
+        le=MAX_COUNT,
+        description="warm-up sessions are cut to at most this many turns",
     )
 
 
@@ -222,7 +236,7 @@ class TraceSpec(_Strict):
     timestamp_column: str = "TIMESTAMP"
     input_column: str = "ContextTokens"
     output_column: str = "GeneratedTokens"
-    start: int = Field(default=0, ge=0, description="first row to replay")
+    start: int = Field(default=0, ge=0, le=2**63 - 1, description="first row to replay")
 
 
 PromptFormat = Literal["token_ids", "text", "chat"]
@@ -239,7 +253,7 @@ class PromptSpec(_Strict):
 
     format: PromptFormat = "token_ids"
     token_id_low: int = Field(default=1000, ge=0)
-    token_id_high: int = Field(default=30000, ge=1)
+    token_id_high: int = Field(default=30000, ge=1, le=MAX_TOKEN_ID)
 
     @model_validator(mode="after")
     def _check(self) -> PromptSpec:
@@ -258,13 +272,18 @@ class WorkloadSpec(_Strict):
     description: str = ""
     kind: WorkloadKind = "synthetic"
     num_requests: int = Field(
-        default=1000, ge=1, description="requests (synthetic, trace) or sessions (agentic)"
+        default=1000,
+        ge=1,
+        le=MAX_COUNT,
+        description="requests (synthetic, trace) or sessions (agentic)",
     )
     duration_s: float | None = Field(
         default=None, gt=0, description="stop sending new requests after this many seconds"
     )
-    warmup_requests: int = Field(default=0, ge=0)
-    scale: float = Field(default=1.0, gt=0, description="multiplies every token length")
+    warmup_requests: int = Field(default=0, ge=0, le=MAX_COUNT)
+    scale: float = Field(
+        default=1.0, gt=0, le=MAX_SCALE, description="multiplies every token length"
+    )
     input_tokens: LengthDistribution = Field(
         default_factory=lambda: LengthDistribution(dist="fixed", value=1000)
     )
