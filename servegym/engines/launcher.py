@@ -83,3 +83,16 @@ class LauncherSubmission(BaseModel):
     def record(self) -> dict[str, Any]:
         """What results show of it (where a config shows its knobs)."""
         return {"launcher": self.script, "files": self.files, "digest": self.digest[:16]}
+
+
+class ExternalServer(BaseModel):
+    """A submission that is already running (``servegym score --base-url``): the harness
+    measures it as it measures a server it started, but did not start it and cannot stop
+    it or see its process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(description="http://HOST:PORT of an OpenAI-compatible server")
+
+    def record(self) -> dict[str, Any]:
+        return {"external": self.base_url}

@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
+from urllib.parse import urlsplit
 
+import aiohttp
 from pydantic import BaseModel, Field
 
 from servegym.engines.base import Engine, LaunchSpec, ModelRef
@@ -23,6 +25,8 @@ from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
 from servegym.engines.process import (
     ExitInfo,
+    Phase,
+    ServerCrashed,
     ServerError,
     ServerProcess,
     ServerUnresponsive,
@@ -156,6 +160,88 @@ class ScriptServer(ManagedServer):
         return self.sandbox.launch_spec(self.script, port)
 
     def check(self) -> None:
+        return None
+
+
+class AttachedProcess(ServerProcess):
+    """A server the harness did not start: it never exits as far as the harness can tell
+    (a dead one shows as a server that stops answering), and stopping it does nothing."""
+
+    def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
+        super().__init__(spec, log_path)
+        self.ready_after_s = 0.0
+
+    def poll(self, phase: Phase = "run") -> ExitInfo | None:
+        return None
+
+    async def wait_exit(self, interval_s: float = 0.2) -> ExitInfo:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    def stop(self, grace_s: float = 15.0) -> ExitInfo | None:
+        return None
+
+
+class AttachedServer(ManagedServer):
+    """An already running server at ``base_url`` (``http://HOST:PORT``): "starting" it
+    checks that it answers ``/v1/models`` and serves the model's name."""
+
+    def __init__(self, base_url: str, model: ModelRef, log_path: Path) -> None:
+        parsed = urlsplit(base_url)
+        if parsed.scheme != "http" or not parsed.hostname or parsed.port is None:
+            raise UserError(f"--base-url: '{base_url}' is not http://HOST:PORT")
+        self.host, self.attached_port = parsed.hostname, parsed.port
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.log_path = log_path
+        self.port = parsed.port
+        self.start_timeout_s = 0.0
+        self.process = None
+        self.config = ServingConfig()
+
+    @property
+    def label(self) -> str:
+        return "external"
+
+    def spec(self, port: int) -> LaunchSpec:
+        return LaunchSpec(engine="external", argv=[], host=self.host, port=port, model=self.model)
+
+    def check(self) -> None:
+        return None
+
+    async def start(self) -> ServerProcess:
+        spec = self.spec(self.attached_port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text(f"attached to {self.base_url} (not started by the harness)\n")
+        timeout = aiohttp.ClientTimeout(total=10)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.get(spec.base_url + "/v1/models") as resp,
+            ):
+                body = await resp.json(content_type=None) if resp.status == 200 else None
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+            raise ServerCrashed(
+                f"{self.base_url} does not answer: {type(e).__name__}", None, self.log_path
+            ) from None
+        if status != 200:
+            raise ServerCrashed(
+                f"{self.base_url}/v1/models answered HTTP {status}", None, self.log_path
+            )
+        names = [m.get("id") for m in (body or {}).get("data", []) if isinstance(m, dict)]
+        if self.model.served_name not in names:
+            raise ServerCrashed(
+                f"{self.base_url} does not serve '{self.model.served_name}' "
+                f"(it serves: {', '.join(map(str, names)) or 'nothing'})",
+                None,
+                self.log_path,
+            )
+        proc = AttachedProcess(spec, self.log_path)
+        self.process = proc
+        return proc
+
+    async def stop(self) -> ExitInfo | None:
         return None
 
 

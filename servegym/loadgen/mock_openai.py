@@ -5,6 +5,7 @@ No I/O here; :mod:`servegym.loadgen.mock_server` does the HTTP and the timing.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections import deque
@@ -34,7 +35,9 @@ class MockOptions:
     of chunk N; ``malformed_after`` N sends a line of broken JSON before chunk N;
     ``drop_after`` N ends the HTTP response cleanly, without ``[DONE]``, before chunk N;
     ``http_status`` answers at once with that status and a JSON error; ``keepalive`` sends an
-    SSE comment before every chunk; ``no_usage`` never sends usage.
+    SSE comment before every chunk; ``no_usage`` never sends usage; ``usage_extra`` N claims
+    N more completion tokens in ``usage`` than it streams; ``stop_after`` N ends the output
+    after N chunks as if at EOS (``finish_reason: stop``), ignoring the forced length.
     """
 
     ttft_ms: float = 50.0
@@ -53,12 +56,14 @@ class MockOptions:
     http_status: int = 0
     keepalive: bool = False
     no_usage: bool = False
+    usage_extra: int = 0
+    stop_after: int = -1
 
     def __post_init__(self) -> None:
         if self.tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
-        if self.ttft_ms < 0 or self.itl_ms < 0:
-            raise ValueError("ttft_ms and itl_ms must be >= 0")
+        if not (0 <= self.ttft_ms < math.inf and 0 <= self.itl_ms < math.inf):  # NaN too
+            raise ValueError("ttft_ms and itl_ms must be finite numbers >= 0")
         if self.vocab_size < 200:
             raise ValueError("vocab_size must be >= 200")
 
@@ -281,8 +286,8 @@ class GenRequest:
     def usage(self) -> dict[str, int]:
         return {
             "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.max_tokens,
-            "total_tokens": self.prompt_tokens + self.max_tokens,
+            "completion_tokens": self.max_tokens + self.opts.usage_extra,
+            "total_tokens": self.prompt_tokens + self.max_tokens + self.opts.usage_extra,
         }
 
     def whole(self, text: str, ids: list[int]) -> bytes:

@@ -265,6 +265,13 @@ class _Stream:
             if c == opts.drop_after:
                 end = True
                 break
+            if c == opts.stop_after:
+                out += req.chunk("", [], "stop")
+                if req.include_usage and not opts.no_usage:
+                    out += req.usage_chunk()
+                out += DONE_EVENT
+                end = ok = True
+                break
             if opts.keepalive:
                 out += _KEEPALIVE
             if c == opts.malformed_after:

@@ -37,10 +37,10 @@ from servegym.cpu_track.reference import agreement
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
-from servegym.engines.launcher import LauncherSubmission
+from servegym.engines.launcher import ExternalServer, LauncherSubmission
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerError, ServerProcess
-from servegym.engines.served import ManagedServer, ScriptServer, run_watched
+from servegym.engines.served import AttachedServer, ManagedServer, ScriptServer, run_watched
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
 from servegym.runner.environment import HarnessError
@@ -60,6 +60,7 @@ from servegym.runner.workspace import fresh_workspace, workspace_sandbox
 from servegym.sandbox.local import Isolation
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
+from servegym.scoring.integrity import stream_findings
 from servegym.scoring.objectives import (
     IntegrityCounts,
     ObjectiveMeasurement,
@@ -174,6 +175,7 @@ async def _evaluate(
     sub_error: str | None = None
     pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = []
     first: dict[str, RunResult] = {}
+    runs: dict[str, list[RunResult]] = {}
     crashed: str | None = None
     unresponsive = "the server stopped answering"
     try:
@@ -182,7 +184,9 @@ async def _evaluate(
             raise HarnessError(f"the task's baseline config does not run: {base_error}")
         if gate["integrity"].passed:
             sub_log = server_logs / "eval-submission.log"
-            if isinstance(submission, LauncherSubmission):
+            if isinstance(submission, ExternalServer):
+                sub_server = AttachedServer(submission.base_url, model, sub_log)
+            elif isinstance(submission, LauncherSubmission):
                 # a fresh sandbox around a fresh copy of the submitted files alone
                 root = fresh_workspace(Path(submission.path), eval_workspace)
                 sandbox = workspace_sandbox(task, engine, model, root, isolation=isolation)
@@ -219,6 +223,7 @@ async def _evaluate(
                     raise HarnessError(f"the baseline server died: {exit_info.describe()}")
                 return None
             first.setdefault(role, result)
+            runs.setdefault(role, []).append(result)
             return measure_run(task, result)
 
         for i in range(n_pairs):
@@ -259,6 +264,10 @@ async def _evaluate(
     submission_side: SideResult | None = None
     if submission is not None:
         submission_side = _side(submission, sub_proc, sub_error, subs, sub_acc, price_per_hour)
+    found = stream_findings(runs.get("submission", []))
+    if found and gate["integrity"].passed:
+        texts = [f.text() for f in found]
+        gate["integrity"] = GateResult(passed=False, detail=texts[0], findings=texts)
 
     return conclude(
         loaded,

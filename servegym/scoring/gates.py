@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.engines.config import ServingConfig
-from servegym.engines.launcher import LauncherSubmission
+from servegym.engines.launcher import ExternalServer, LauncherSubmission
 from servegym.scoring.objectives import IntegrityCounts
 
 GATE_NAMES: tuple[str, ...] = ("launch", "accuracy", "integrity")
@@ -53,6 +53,8 @@ def check_config(config: Any, engines: Sequence[str]) -> GateResult:
     """Integrity, part one: the submission is a valid ServingConfig for the task's engines,
     or a workspace with its launcher script."""
     findings: list[str] = []
+    if isinstance(config, ExternalServer):
+        return GateResult(passed=True, detail=f"a running server at {config.base_url}")
     if isinstance(config, LauncherSubmission):
         script = Path(config.path) / config.script
         if not script.is_file():

@@ -1,0 +1,103 @@
+"""``servegym score --task ID --base-url URL``: the final evaluation of a task against a
+server that is already running (bring your own server).
+
+The same hidden scoring workload, gates and paired comparison with the task's baseline as
+a trial's final evaluation (:func:`~servegym.runner.real_evaluation.evaluate_real`); the
+harness launches the baseline itself and measures the running server as the submission. It
+writes ``DIR/<task>__external__s<seed>/trial.json`` with the fields that apply (no agent
+phase: no experiments, no budget) and ``latencies.json``. Sim tasks have no server to
+attach to and are refused.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+from servegym.engines.base import Engine, ModelRef
+from servegym.engines.launcher import ExternalServer
+from servegym.errors import UserError
+from servegym.runner.real_evaluation import evaluate_real
+from servegym.runner.results import (
+    Timing,
+    TrialResult,
+    write_latencies,
+    write_trial,
+)
+from servegym.runner.secrets import scoring_seed
+from servegym.runner.trial import (
+    HARNESS_ERROR_FILE,
+    SERVER_LOGS,
+    _now,
+    check_track_ready,
+    fold_evaluation,
+    trial_folder,
+    versions,
+)
+from servegym.tasks.loader import load_task
+
+AGENT = "external"
+
+
+def score_server(
+    task: str | Path,
+    base_url: str,
+    out: Path,
+    *,
+    seed: int = 0,
+    tasks_root: Path | None = None,
+    engine: Engine | None = None,
+    model: ModelRef | None = None,
+) -> TrialResult:
+    """Score the server at ``base_url`` on ``task`` (see the module docstring). ``engine``
+    and ``model`` (the baseline's) default to the task's; tests pass stand-ins."""
+    loaded = load_task(task, tasks_root)
+    if loaded.task.track == "sim":
+        raise UserError(
+            f"--task {loaded.id}: a sim-track task has no server to score; --base-url scores "
+            "cpu- and gpu-track tasks"
+        )
+    if engine is None:
+        check_track_ready(loaded)
+    folder = trial_folder(out, loaded.id, AGENT, seed)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
+    started_at = _now()
+    t0 = time.perf_counter()
+    scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
+    submission = ExternalServer(base_url=base_url)
+    result = TrialResult(
+        task=loaded.id,
+        task_title=loaded.task.title,
+        track=loaded.task.track,
+        agent=AGENT,
+        seed=seed,
+        outcome="harness_error",
+        scoring_seed=scoring,
+        versions=versions(),
+        started_at=started_at,
+    )
+    evaluation = None
+    try:
+        evaluation = evaluate_real(
+            loaded, submission, scoring, server_logs=folder / SERVER_LOGS, engine=engine,
+            model=model,
+        )  # fmt: skip
+    except UserError:
+        raise
+    except Exception as e:
+        result.error = f"{type(e).__name__}: {e}"
+        (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+    if evaluation is not None:
+        result.outcome = evaluation.outcome
+        fold_evaluation(result, evaluation)
+    result.finished_at = _now()
+    elapsed = time.perf_counter() - t0
+    result.timing = Timing(wall_s=elapsed, agent_wall_s=0.0, evaluation_wall_s=elapsed)
+    if evaluation is not None:
+        write_latencies(folder, evaluation.latencies)
+    write_trial(result, folder)
+    return result
