@@ -37,7 +37,9 @@ class MockOptions:
     ``http_status`` answers at once with that status and a JSON error; ``keepalive`` sends an
     SSE comment before every chunk; ``no_usage`` never sends usage; ``usage_extra`` N claims
     N more completion tokens in ``usage`` than it streams; ``stop_after`` N ends the output
-    after N chunks as if at EOS (``finish_reason: stop``), ignoring the forced length.
+    after N chunks as if at EOS (``finish_reason: stop``), ignoring the forced length;
+    ``hang_after`` N stops sending after N chunks and keeps the connection open (a hung
+    stream).
     """
 
     ttft_ms: float = 50.0
@@ -58,6 +60,7 @@ class MockOptions:
     no_usage: bool = False
     usage_extra: int = 0
     stop_after: int = -1
+    hang_after: int = -1
 
     def __post_init__(self) -> None:
         if self.tokens_per_chunk < 1:

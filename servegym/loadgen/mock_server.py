@@ -265,6 +265,9 @@ class _Stream:
             if c == opts.drop_after:
                 end = True
                 break
+            if c == opts.hang_after:
+                self._write(out, False)
+                return  # never scheduled again: the stream hangs, the connection stays open
             if c == opts.stop_after:
                 out += req.chunk("", [], "stop")
                 if req.include_usage and not opts.no_usage:

@@ -55,7 +55,6 @@ from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
 from servegym.workloads.summary import summarise
 
-START_TIMEOUT_S = 300.0
 __all__ = ["RealTaskEnvironment", "config_key"]
 
 
@@ -166,12 +165,16 @@ class RealTaskEnvironment(EnvironmentBase):
     def _serve(self, config: ServingConfig, quick: bool, name: str) -> ServedRun:
         managed = ManagedServer(
             self.engine, config, self.model, self.server_logs / f"{name}.log",
-            start_timeout_s=START_TIMEOUT_S,
+            start_timeout_s=self.task.evaluation.start_timeout_s,
         )  # fmt: skip
         return self._benchmark(managed, quick)
 
     def _benchmark(self, managed: ManagedServer, quick: bool) -> ServedRun:
-        options = RunOptions(model=self.model.served_name, keep_outputs=True)
+        options = RunOptions(
+            model=self.model.served_name,
+            keep_outputs=True,
+            request_timeout_s=self.task.evaluation.request_timeout_s,
+        )
         return asyncio.run(benchmark_server(managed, [self._workload(quick)], options))
 
     def _accuracy(self, served: ServedRun, quick: bool) -> float | None:
@@ -291,7 +294,7 @@ class RealTaskEnvironment(EnvironmentBase):
         managed = ScriptServer(
             self.sandbox, LAUNCHER, self.model,
             self.server_logs / f"experiment-{index:03d}.log",
-            start_timeout_s=START_TIMEOUT_S,
+            start_timeout_s=self.task.evaluation.start_timeout_s,
         )  # fmt: skip
         served = self._benchmark(managed, quick)
         result = self._served_result(index, started, record, quick, served)

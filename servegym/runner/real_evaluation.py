@@ -68,8 +68,6 @@ from servegym.scoring.objectives import (
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.workloads.generate import materialise
 
-START_TIMEOUT_S = 300.0
-
 
 def pair_seed(scoring_seed: int, i: int) -> int:
     """The workload seed of pair ``i``: the scoring seed itself for the first pair."""
@@ -144,6 +142,7 @@ async def _evaluate(
 ) -> Evaluation:
     task = loaded.task
     eval_workspace = server_logs.parent / "eval-workspace"
+    start_timeout = task.evaluation.start_timeout_s
     repeats = task.evaluation.repeats
     spec, base_dir = workload_spec(loaded)
     samples = [
@@ -152,7 +151,11 @@ async def _evaluate(
     workload = samples[0]
     info, summary = evaluation_header(task, workload)
     reference = await asyncio.to_thread(outputs_reference, engine, model, workload, server_logs)
-    options = RunOptions(model=model.served_name, keep_outputs=True)
+    options = RunOptions(
+        model=model.served_name,
+        keep_outputs=True,
+        request_timeout_s=task.evaluation.request_timeout_s,
+    )
     price = real_price(task)
     price_per_hour = price.price_per_hour if price is not None else None
 
@@ -168,7 +171,7 @@ async def _evaluate(
 
     base_server = ManagedServer(
         engine, task.baseline, model, server_logs / "eval-baseline.log",
-        start_timeout_s=START_TIMEOUT_S,
+        start_timeout_s=start_timeout,
     )  # fmt: skip
     sub_server: ManagedServer | None = None
     sub_proc: ServerProcess | None = None
@@ -191,13 +194,17 @@ async def _evaluate(
                 root = fresh_workspace(Path(submission.path), eval_workspace)
                 sandbox = workspace_sandbox(task, engine, model, root, isolation=isolation)
                 sub_server = ScriptServer(
-                    sandbox, submission.script, model, sub_log, start_timeout_s=START_TIMEOUT_S
+                    sandbox,
+                    submission.script,
+                    model,
+                    sub_log,
+                    start_timeout_s=start_timeout,
                 )
             else:
                 assert isinstance(submission, ServingConfig)
                 config = ServingConfig.model_validate(submission.model_dump())
                 sub_server = ManagedServer(
-                    engine, config, model, sub_log, start_timeout_s=START_TIMEOUT_S
+                    engine, config, model, sub_log, start_timeout_s=start_timeout
                 )
             sub_proc, sub_error = await _start(sub_server)
             gate["launch"] = gates.check_launch(sub_error)

@@ -353,9 +353,16 @@ def run_trial(
     result.timing = Timing(
         wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
     )
-    if evaluation is not None:
-        write_latencies(folder, evaluation.latencies)  # before trial.json, the finished mark
-    write_trial(result, folder)
+    try:
+        if evaluation is not None:
+            write_latencies(folder, evaluation.latencies)  # before trial.json, the finished mark
+        write_trial(result, folder)
+    except OSError as e:  # a full disk, a folder gone read-only: say so, and what was found
+        score = f" {result.score:.3f}x" if result.score is not None else ""
+        raise UserError(
+            f"--out: cannot write {folder / TRIAL_FILE}: {e.strerror or e}; the trial "
+            f"({result.outcome}{score}) is not recorded and runs again next time"
+        ) from None
     return result
 
 

@@ -146,6 +146,18 @@ class EvaluationSpec(_Strict):
     nop_tolerance: float = Field(
         default=0.05, gt=0, description="the baseline must score 1.0 within this"
     )
+    start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=7200,
+        description="real tracks: a server not ready within this is a launch failure",
+    )
+    request_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7200,
+        description="real tracks: a request not finished within this fails (a hung stream)",
+    )
 
     @field_validator("repeats", mode="before")
     @classmethod
