@@ -269,6 +269,11 @@ def sim(
     console.print(f"wrote {outcome.out}/{{run.json,requests.jsonl,metrics.json,sim.json}}")
 
 
+def _given(**settings: object) -> dict[str, object]:
+    """The agent settings given on the command line (flags left out are not passed on)."""
+    return {k: v for k, v in settings.items() if v is not None}
+
+
 @app.command("run")
 def run(
     task: Annotated[str, typer.Option("--task", help="task id (see tasks/) or task folder")],
@@ -319,21 +324,17 @@ def run(
     codex, gemini-cli (each :MODEL), opencode:PROVIDER/MODEL."""
     from servegym.runner.command import run_trial_command
 
-    options = {
-        k: v
-        for k, v in {
-            "base_url": base_url,
-            "api_key_env": api_key_env,
-            "max_turns": max_turns,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "reasoning_effort": reasoning_effort,
-            "max_agent_tokens": max_agent_tokens,
-            "max_agent_dollars": max_agent_dollars,
-            "script": script,
-        }.items()
-        if v is not None
-    }
+    options = _given(
+        base_url=base_url,
+        api_key_env=api_key_env,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        reasoning_effort=reasoning_effort,
+        max_agent_tokens=max_agent_tokens,
+        max_agent_dollars=max_agent_dollars,
+        script=script,
+    )
     code = run_trial_command(task, agent, seed, out, force, console, agent_options=options)
     if code:
         raise typer.Exit(code)
@@ -402,16 +403,12 @@ def sweep(
         raise UserError(f"--track must be sim, cpu or gpu, not '{track}'")
     if executor != "ray" and address is not None:
         raise UserError("--address is for --executor ray")
-    options = {
-        k: v
-        for k, v in {
-            "base_url": base_url,
-            "api_key_env": api_key_env,
-            "max_turns": max_turns,
-            "max_agent_dollars": max_agent_dollars,
-        }.items()
-        if v is not None
-    }
+    options = _given(
+        base_url=base_url,
+        api_key_env=api_key_env,
+        max_turns=max_turns,
+        max_agent_dollars=max_agent_dollars,
+    )
     code = run_sweep_command(
         tasks,
         agents,

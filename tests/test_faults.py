@@ -90,7 +90,7 @@ def test_a_server_that_exits_at_start_is_a_launch_failure(
 ) -> None:
     ev = evaluate(loaded, tmp_path, submission("print('boom at start'); sys.exit(3)"))
     assert ev.outcome == "launch_failed"
-    assert "exit code 3" in ev.gates["launch"].detail or "exited" in ev.gates["launch"].detail
+    assert "crashed during start-up: exit code 3" in ev.gates["launch"].detail
 
 
 def test_a_server_that_never_gets_ready_is_a_launch_failure(
@@ -105,7 +105,8 @@ def test_out_of_memory_at_launch_is_named(loaded: LoadedTask, tmp_path: Path) ->
     code = "print('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB'); sys.exit(1)"
     ev = evaluate(loaded, tmp_path, submission(code))
     assert ev.outcome == "launch_failed"
-    assert "out of memory" in " ".join(ev.gates["launch"].findings).lower()
+    # recognised from the log (the exit code alone says nothing of memory)
+    assert "exit code 1 (out of memory)" in ev.gates["launch"].detail
 
 
 def test_a_server_that_dies_mid_evaluation_is_crashed_and_keeps_what_finished(

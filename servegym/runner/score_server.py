@@ -29,9 +29,9 @@ from servegym.runner.secrets import scoring_seed
 from servegym.runner.trial import (
     HARNESS_ERROR_FILE,
     SERVER_LOGS,
-    _now,
     check_track_ready,
     fold_evaluation,
+    now_iso,
     trial_folder,
     versions,
 )
@@ -65,7 +65,7 @@ def score_server(
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
-    started_at = _now()
+    started_at = now_iso()
     t0 = time.perf_counter()
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
     submission = ExternalServer(base_url=base_url)
@@ -94,7 +94,7 @@ def score_server(
     if evaluation is not None:
         result.outcome = evaluation.outcome
         fold_evaluation(result, evaluation)
-    result.finished_at = _now()
+    result.finished_at = now_iso()
     elapsed = time.perf_counter() - t0
     result.timing = Timing(wall_s=elapsed, agent_wall_s=0.0, evaluation_wall_s=elapsed)
     if evaluation is not None:

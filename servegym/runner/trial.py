@@ -88,7 +88,7 @@ class TrialProgress:
         """Progress of a later stage (``evaluation``)."""
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
@@ -260,7 +260,7 @@ def run_trial(
         (folder / TRAJECTORY_FILE).unlink(missing_ok=True)
         agent.trajectory_path = folder / TRAJECTORY_FILE
 
-    started_at = _now()
+    started_at = now_iso()
     t0 = time.perf_counter()
     env: TrialEnvironment
     if loaded.task.track == "sim":
@@ -349,7 +349,7 @@ def run_trial(
     )
     if evaluation is not None:
         fold_evaluation(result, evaluation)
-    result.finished_at = _now()
+    result.finished_at = now_iso()
     result.timing = Timing(
         wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
     )
