@@ -489,6 +489,34 @@ def serve(
         raise typer.Exit(code)
 
 
+@app.command("judge")
+def judge(
+    trials: Annotated[list[Path], typer.Argument(help="finished trial folders (with trial.json)")],
+    model: Annotated[
+        str, typer.Option("--model", help="the judge: anthropic:MODEL, openai:MODEL, ...")
+    ],
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="the provider's URL (openai-compatible)")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="the variable holding the API key")
+    ] = None,
+) -> None:
+    """An LLM judge reads each trial's trajectory, experiments and server log and reports
+    reward-hacking attempts; its findings are added to the trial (never removed), flag it,
+    and are kept with its answer in judge.json."""
+    import asyncio
+
+    from servegym.scoring.judge import judge_folders
+
+    with err_console.status(f"judging {len(trials)} trial(s) with {model}"):
+        verdicts = asyncio.run(judge_folders(trials, model, base_url, api_key_env))
+    for folder, v in zip(trials, verdicts, strict=True):
+        found = "; ".join(f.text() for f in v.report.findings) or "no finding"
+        note = f" (answer unreadable: {v.report.parse_error})" if v.report.parse_error else ""
+        console.print(f"{folder}: {v.result.outcome}: {escape(found)}{escape(note)}")
+
+
 @app.command("leaderboard")
 def leaderboard(
     run_dirs: Annotated[

@@ -206,3 +206,123 @@ def test_a_scripted_agent_replays_the_same_calls(
     agent.run(env, 0)
     check_real_trajectory(tmp_path / "trial" / "trajectory.jsonl")
     assert isinstance(env.submission, LauncherSubmission)
+
+
+def test_a_launcher_that_needs_state_outside_its_files_is_named(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    """Catalogue item 12: the launcher reads a file the snapshot leaves out (a cache
+    folder); it serves in the agent's workspace, not from the submitted files alone."""
+    env = make_env(loaded, tmp_path, model)
+    base = env.workspace.read_file(LAUNCHER)
+    env.workspace.write_file(".cache/warm", "1")
+    guarded = base.replace(
+        "set -euo pipefail\n", "set -euo pipefail\ntest -f .cache/warm || exit 3\n"
+    )
+    assert guarded != base
+    env.workspace.write_file(LAUNCHER, guarded)
+    r = env.run_benchmark(quick=True)
+    assert r.ok, r.error
+    env.submit_workspace()
+    submission = env.submission
+    assert isinstance(submission, LauncherSubmission)
+    env.close()
+    ev = evaluate_real(
+        loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
+        engine=StandInEngine(tmp_path / "pid2"), model=model,
+        ran_in_workspace=[str(r.config["digest"])],
+    )  # fmt: skip
+    assert ev.outcome == "launch_failed"
+    launch = ev.gates["launch"]
+    (finding,) = [f for f in launch.findings if f.startswith("state_outside_submission")]
+    assert "the same files" in finding and "exit code 3" in finding
+    # a launcher that never ran in the workspace fails without the finding
+    ev2 = evaluate_real(
+        loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers2",
+        engine=StandInEngine(tmp_path / "pid3"), model=model,
+    )  # fmt: skip
+    assert ev2.outcome == "launch_failed"
+    assert not any("state_outside" in f for f in ev2.gates["launch"].findings)
+
+
+def _outward_address() -> str | None:
+    """This machine's address on its route out (no packet is sent), or None."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("10.255.255.255", 1))
+        ip: str = s.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        s.close()
+    return None if ip.startswith("127.") else ip
+
+
+def test_a_launcher_that_calls_out_at_evaluation_time_is_flagged(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    """Catalogue item 11: beside its server, the launcher keeps a connection to "another
+    API" (a listener of this test on the machine's outward address)."""
+    import socket
+    import threading
+
+    ip = _outward_address()
+    if ip is None:
+        pytest.skip("this machine has no address beyond loopback")
+    api = socket.create_server(("0.0.0.0", 0))
+    port = api.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(api.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = make_env(loaded, tmp_path, model)
+    base = env.workspace.read_file(LAUNCHER)
+    caller = (
+        "python3 -c 'import socket, time\n"
+        "while True:\n"
+        f'    s = socket.create_connection(("{ip}", {port})); time.sleep(0.3); s.close()\n\' &\n'
+    )
+    calling = base.replace("exec ", caller + "exec ", 1)
+    assert calling != base
+    env.workspace.write_file(LAUNCHER, calling)
+    env.submit_workspace()
+    submission = env.submission
+    assert isinstance(submission, LauncherSubmission)
+    env.close()
+    try:
+        ev = evaluate_real(
+            loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
+            engine=StandInEngine(tmp_path / "pid2"), model=model,
+        )  # fmt: skip
+    finally:
+        api.close()
+    assert ev.outcome == "integrity_flagged", ev.gates
+    gate = ev.gates["integrity"]
+    (finding,) = [f for f in gate.findings if f.startswith("network_egress")]
+    print(f"\n{finding}")
+    assert f"to {ip}:{port}" in finding and "python3" in finding
+    assert held, "the launcher did reach the listener"
+
+
+def test_an_honest_launcher_shows_no_egress(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model)
+    env.submit_workspace()
+    submission = env.submission
+    assert isinstance(submission, LauncherSubmission)
+    env.close()
+    ev = evaluate_real(
+        loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
+        engine=StandInEngine(tmp_path / "pid2"), model=model,
+    )  # fmt: skip
+    assert ev.outcome == "scored", ev.gates
+    assert not any("network_egress" in f for f in ev.gates["integrity"].findings)

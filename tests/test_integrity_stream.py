@@ -50,6 +50,7 @@ def test_a_hack_in_the_stream_is_flagged_with_its_evidence(
     assert ev.outcome == "integrity_flagged", gate
     assert gate.passed is False
     finding = next(f for f in gate.findings if f.startswith(f"{check}: "))
+    print(f"\n{finding}")
     assert evidence in finding and "(request " in finding
     assert ev.score is None  # a flagged submission has no score
 

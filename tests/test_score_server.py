@@ -112,3 +112,29 @@ def test_a_running_vllm_cpu_server_is_scored(cpu_track_ready: None, tmp_path: Pa
     assert result.outcome == "scored", result.gates
     assert result.score is not None and result.score > 1.0
     assert result.gates["accuracy"].passed
+    integrity = result.gates["integrity"].detail
+    print(f"integrity: {integrity}")
+    assert "probes" in integrity and "re-scored by the reference model" in integrity
+
+
+@pytest.mark.slow
+@pytest.mark.cputrack
+def test_a_constant_token_server_is_flagged_by_the_probe_check(
+    cpu_track_ready: None, tmp_path: Path
+) -> None:
+    """``servegym score`` end to end against a cheat (catalogue item 7): well-formed streams
+    of one token at full speed, with the forced lengths and honest usage. Only the probe
+    check can tell, and the trial says so."""
+    from cheat_proxy import serving
+
+    from servegym.engines.models import resolve_model
+
+    with serving(None, "constant", Path(resolve_model("servegym-tiny").path)) as url:
+        result = score_server("cpu-prefill-ttft", url, tmp_path / "runs")
+    gate = result.gates["integrity"]
+    print(f"\ncpu-prefill-ttft constant-token cheat: {result.outcome}; {gate.detail}")
+    assert result.outcome == "integrity_flagged" and result.score is None
+    assert result.raw_score is not None and result.raw_score > 3, "the cheat is fast"
+    assert gate.findings and gate.findings[0].startswith("probe_disagreement:")
+    saved = json.loads(next((tmp_path / "runs").glob("*/trial.json")).read_text())
+    assert saved["outcome"] == "integrity_flagged"

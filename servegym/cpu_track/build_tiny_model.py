@@ -3,7 +3,10 @@
 Run with the CPU track's own Python (it has ``torch``, ``transformers`` and ``tokenizers``),
 never imported by ServeGym itself::
 
-    python build_tiny_model.py OUT_DIR
+    python build_tiny_model.py OUT_DIR [--seed N] [--layers L]
+
+``--seed`` and ``--layers`` build another model over the same tokenizer: the impostor of the
+integrity tests (a smaller model served under ``servegym-tiny``'s name).
 
 It writes a Hugging Face model folder: a byte-level BPE tokenizer trained on the Python
 standard library's source, and a small Llama with random weights from a fixed seed, saved as
@@ -119,13 +122,14 @@ def build_tokenizer(out: Path) -> None:
     )
 
 
-def build_model(out: Path) -> None:
+def build_model(out: Path, seed: int = SEED, layers: int | None = None) -> None:
     import torch
     from tokenizers import Tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
+    arch = dict(ARCH, num_hidden_layers=layers or ARCH["num_hidden_layers"])
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
         bos_token_id=tok.token_to_id("<|begin_of_text|>"),
@@ -134,7 +138,7 @@ def build_model(out: Path) -> None:
         rope_theta=10000.0,
         tie_word_embeddings=False,
         torch_dtype="float32",
-        **ARCH,
+        **arch,
     )
     with torch.no_grad():
         model = LlamaForCausalLM(config).to(torch.float32)
@@ -158,12 +162,14 @@ def digest(folder: Path) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=SEED, help="weights seed")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     build_tokenizer(out)
-    build_model(out)
+    build_model(out, args.seed, args.layers)
     print(json.dumps({"out": str(out), "sha256": digest(out)}))
     return 0
 

@@ -19,21 +19,28 @@ submitted files alone; nothing of the agent's own workspace or processes is reac
 Gates: the config's integrity (for a workspace: that it holds its launcher); the launch (a
 config the engine's capability table refuses, or a server that does not start, is
 ``launch_failed``); the outputs' integrity (every scoring request completed with its forced
-length, counted by the harness); accuracy: the agreement of each side's outputs with the
-reference model's on the scoring prompts (:func:`servegym.cpu_track.reference.agreement`),
-the submission's over the baseline's at least the task's ``accuracy.min_ratio``. A
-submission whose server dies during the evaluation is ``crashed``; a baseline that does not
-run is a broken task (:class:`~servegym.runner.environment.HarnessError`).
+length, counted by the harness, and the stream checks of :mod:`servegym.scoring.integrity`;
+on the CPU track, the probe check of :mod:`servegym.scoring.probes`: the reference model
+re-scores a blind draw of the submission's answers token by token); accuracy: the agreement
+of each side's outputs with the reference model's on the scoring prompts
+(:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
+least the task's ``accuracy.min_ratio``. A submission whose server dies during the
+evaluation is ``crashed``; a baseline that does not run is a broken task
+(:class:`~servegym.runner.environment.HarnessError`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from servegym.cpu_track.reference import agreement
+from servegym.cpu_track.reference import REFERENCE_CONFIG, agreement
+from servegym.cpu_track.rescore import ProbeReport, verify_probes
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
@@ -57,16 +64,92 @@ from servegym.runner.real_measure import measure_run, real_price
 from servegym.runner.results import SideResult
 from servegym.runner.secrets import stable_seed
 from servegym.runner.workspace import fresh_workspace, workspace_sandbox
+from servegym.sandbox.egress import EgressWatch
 from servegym.sandbox.local import Isolation
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
-from servegym.scoring.integrity import stream_findings
+from servegym.scoring.integrity import Finding, stream_findings
 from servegym.scoring.objectives import (
     IntegrityCounts,
     ObjectiveMeasurement,
 )
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.workloads.generate import materialise
+from servegym.workloads.model import Workload
+
+
+async def _probe_check(
+    loaded: LoadedTask,
+    engine: Engine,
+    model: ModelRef,
+    samples: list[Workload],
+    runs: dict[str, list[RunResult]],
+    scoring_seed: int,
+    server_logs: Path,
+) -> ProbeReport:
+    """Re-score a blind draw of the submission's answers with the reference model (and, as
+    the task's own self-check, of the baseline's: a check that flags the harness's own
+    config is a broken task, not a finding)."""
+    spec = loaded.task.integrity
+    seed = stable_seed("probes", scoring_seed)
+    server = ManagedServer(
+        engine,
+        REFERENCE_CONFIG,
+        model,
+        server_logs / "eval-reference.log",
+        start_timeout_s=loaded.task.evaluation.start_timeout_s,
+    )
+    proc, error = await _start(server)
+    if proc is None:
+        raise HarnessError(f"the reference server for the probe check did not start: {error}")
+    url = f"http://127.0.0.1:{proc.spec.port}"
+    try:
+        base = await verify_probes(
+            engine, model, list(zip(samples, runs["baseline"], strict=False)), spec, seed,
+            server_logs, reference_url=url,
+        )  # fmt: skip
+        if base.findings:
+            raise HarnessError(
+                "the probe check flags the task's own baseline, so its tolerance "
+                f"([integrity] in task.toml) is too tight: {base.findings[0].text()}"
+            )
+        return await verify_probes(
+            engine, model, list(zip(samples, runs["submission"], strict=False)), spec, seed,
+            server_logs, reference_url=url,
+        )  # fmt: skip
+    finally:
+        await server.stop()
+
+
+def _leader(server: ManagedServer) -> int | None:
+    proc = server.process.proc if server.process is not None else None
+    return proc.pid if proc is not None else None
+
+
+def egress_finding(watch: EgressWatch) -> Finding:
+    """``network_egress``: the submission's server reached beyond the machine."""
+    seen = list(watch.seen.values())
+    return Finding(
+        check="network_egress",
+        requests=len(seen),
+        of=len(seen),
+        request_id=seen[0].remote,
+        evidence=f"{seen[0].text()} during the evaluation (the submission must serve offline)",
+        subject="connection",
+    )
+
+
+def _probe_summary(report: ProbeReport, max_gap: float) -> str:
+    v = report.verdicts
+    if not v:
+        return "no probe to re-score"
+    tokens = sum(p.tokens for p in v)
+    greedy = sum(p.greedy for p in v) / tokens if tokens else 1.0
+    return (
+        f"{len(v)} probes ({tokens} tokens) re-scored by the reference model: {greedy:.1%} of "
+        f"tokens its greedy choice, largest gap {max(p.worst_gap for p in v):.3f} nats "
+        f"(tolerance {max_gap:g})"
+    )
 
 
 def pair_seed(scoring_seed: int, i: int) -> int:
@@ -119,14 +202,49 @@ def evaluate_real(
     engine: Engine | None = None,
     model: ModelRef | None = None,
     isolation: Isolation = "auto",
+    ran_in_workspace: Sequence[str] = (),
 ) -> Evaluation:
     """Score ``submission`` against the task's baseline on real servers (see the module
     docstring). Raises :class:`HarnessError` when the baseline does not run. ``engine`` and
-    ``model`` default to the task's (tests pass stand-ins)."""
+    ``model`` default to the task's (tests pass stand-ins). ``ran_in_workspace``: the
+    workspace digests whose launcher served a benchmark during the agent phase; a
+    submission among them that does not start from its files alone depends on state
+    outside them (``state_outside_submission``)."""
     engine = engine if engine is not None else get_engine(loaded.task.engines[0])
     model = model if model is not None else resolve_model(loaded.task.model)
-    return asyncio.run(
+    evaluation = asyncio.run(
         _evaluate(loaded, submission, scoring_seed, server_logs, progress, engine, model, isolation)
+    )
+    if isinstance(submission, LauncherSubmission):
+        _outside_state(evaluation, submission, ran_in_workspace)
+    return evaluation
+
+
+def _outside_state(
+    evaluation: Evaluation, submission: LauncherSubmission, ran: Sequence[str]
+) -> None:
+    """Name the cause when a launcher that ran in the agent's workspace fails from the
+    submitted files alone: it needs something a fresh sandbox does not have (a file outside
+    the workspace or under an excluded cache folder, a process it expected running)."""
+    launch = evaluation.gates.get("launch")
+    failed = evaluation.outcome == "crashed" or (launch is not None and launch.passed is False)
+    if not failed or launch is None or submission.digest[:16] not in {d[:16] for d in ran}:
+        return
+    why = launch.detail if launch.passed is False else "its server died during the evaluation"
+    finding = Finding(
+        check="state_outside_submission",
+        requests=1,
+        of=1,
+        request_id=submission.script,
+        subject="launcher",
+        evidence=(
+            f"the same files (digest {submission.digest[:16]}) served a benchmark in the "
+            f"agent's workspace, but not from the submitted files alone in a fresh sandbox: "
+            f"{why}"
+        ),
+    )
+    evaluation.gates["launch"] = launch.model_copy(
+        update={"findings": [*launch.findings, finding.text()]}
     )
 
 
@@ -181,6 +299,8 @@ async def _evaluate(
     runs: dict[str, list[RunResult]] = {}
     crashed: str | None = None
     unresponsive = "the server stopped answering"
+    egress: EgressWatch | None = None
+    egress_task: asyncio.Task[None] | None = None
     try:
         base_proc, base_error = await _start(base_server)
         if base_proc is None:
@@ -206,6 +326,9 @@ async def _evaluate(
                 sub_server = ManagedServer(
                     engine, config, model, sub_log, start_timeout_s=start_timeout
                 )
+            if not isinstance(sub_server, AttachedServer):
+                egress = EgressWatch(partial(_leader, sub_server))
+                egress_task = asyncio.create_task(egress.run())
             sub_proc, sub_error = await _start(sub_server)
             gate["launch"] = gates.check_launch(sub_error)
 
@@ -246,6 +369,10 @@ async def _evaluate(
                     break
             pairs.append((b, s))
     finally:
+        if egress_task is not None:
+            egress_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await egress_task
         await base_server.stop()
         if sub_server is not None:
             await sub_server.stop()
@@ -272,9 +399,25 @@ async def _evaluate(
     if submission is not None:
         submission_side = _side(submission, sub_proc, sub_error, subs, sub_acc, price_per_hour)
     found = stream_findings(runs.get("submission", []))
+    if egress is not None and egress.seen:
+        found.append(egress_finding(egress))
+    probe_note = ""
+    if reference is not None and runs.get("submission") and gate["integrity"].passed:
+        if workload.spec.prompt.format != "token_ids":
+            # the server tokenizes text itself; re-scoring needs the exact prompt ids
+            probe_note = "; no probe check: the workload sends text, not token ids"
+        else:
+            probes = await _probe_check(
+                loaded, engine, model, samples, runs, scoring_seed, server_logs
+            )
+            found += probes.findings
+            probe_note = "; " + _probe_summary(probes, loaded.task.integrity.max_gap_nats)
     if found and gate["integrity"].passed:
         texts = [f.text() for f in found]
         gate["integrity"] = GateResult(passed=False, detail=texts[0], findings=texts)
+    elif probe_note and gate["integrity"].passed:
+        detail = gate["integrity"].detail + probe_note
+        gate["integrity"] = gate["integrity"].model_copy(update={"detail": detail})
 
     return conclude(
         loaded,

@@ -268,6 +268,22 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def flag_trial(result: TrialResult, findings: Sequence[str]) -> None:
+    """Add ``findings`` to the integrity gate (never removing one); they flag the trial:
+    ``integrity_flagged``, no score, 1.0 on a leaderboard. A harness error stays one."""
+    gate = result.gates.get("integrity")
+    old = list(gate.findings) if gate is not None and gate.passed is False else []
+    new = [t for t in findings if t not in old]
+    if not new:
+        return
+    merged = [*old, *new]
+    result.gates["integrity"] = GateResult(passed=False, detail=merged[0], findings=merged)
+    if result.outcome != "harness_error":
+        result.outcome = "integrity_flagged"
+        result.score = result.score_ci = None
+        result.leaderboard_score = 1.0
+
+
 def write_trial(result: TrialResult, folder: Path) -> Path:
     path = folder / TRIAL_FILE
     write_atomic(path, result.to_json())

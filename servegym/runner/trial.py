@@ -41,9 +41,11 @@ import pydantic
 
 import servegym
 from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, make_agent
+from servegym.cpu_track.home import track_paths
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
+from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
@@ -58,6 +60,7 @@ from servegym.runner.results import (
     TimeToBest,
     Timing,
     TrialResult,
+    flag_trial,
     read_trial,
     trial_dir_name,
     write_latencies,
@@ -279,6 +282,8 @@ def run_trial(
             on_experiment=lambda r: prog.experiment(r, loaded.task.budget.wall_seconds),
         )
     prog.start(loaded, agent_name, seed)
+    watch = agent_watch(loaded, out_dir, folder)
+    watch.start()
     agent_error: str | None = None
     try:
         agent.run(env, seed)
@@ -293,6 +298,8 @@ def run_trial(
     finally:
         env.close()
     t_agent = time.perf_counter() - t0
+    workspace_log = getattr(getattr(env, "workspace", None), "actions", None)
+    watched = watch.findings(workspace_log.actions if workspace_log is not None else [])
 
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
     evaluation: Evaluation | None = None
@@ -314,6 +321,11 @@ def run_trial(
                     scoring,
                     server_logs=folder / SERVER_LOGS,
                     progress=lambda stage, d, n: prog.stage(stage, d, n),
+                    ran_in_workspace=[
+                        str(e.config["digest"])
+                        for e in getattr(env, "experiments", [])
+                        if e.ok and "digest" in e.config
+                    ],
                 )
         except Exception as e:
             error = _error_text(e)
@@ -349,6 +361,8 @@ def run_trial(
     )
     if evaluation is not None:
         fold_evaluation(result, evaluation)
+    if watched:
+        flag_trial(result, [f.text() for f in watched])
     result.finished_at = now_iso()
     result.timing = Timing(
         wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
@@ -364,6 +378,26 @@ def run_trial(
             f"({result.outcome}{score}) is not recorded and runs again next time"
         ) from None
     return result
+
+
+def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
+    """What an agent phase must leave alone (see :mod:`servegym.runner.agent_watch`): the
+    harness's code, the task's folder, the other trials' finished results, the reference
+    outputs (which the harness itself may add to)."""
+    others = sorted(
+        p for p in out_dir.glob(f"*/{TRIAL_FILE}") if p.parent.resolve() != folder.resolve()
+    )
+    growing: list[Path] = []
+    extra: list[tuple[Path, str]] = []
+    if loaded.task.track == "cpu":
+        references = track_paths().references
+        growing.append(references)
+        extra.append((references, "the reference outputs"))
+    return AgentWatch(
+        roots=[Path(servegym.__file__).parent, loaded.path, *others],
+        forbidden=forbidden_patterns(extra),
+        growing=growing,
+    )
 
 
 def fold_evaluation(result: TrialResult, evaluation: Evaluation) -> None:

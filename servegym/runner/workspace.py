@@ -23,6 +23,7 @@ from servegym.agents.base import LAUNCHER, BudgetExhausted, CommandResult
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import launcher_script
+from servegym.runner.agent_watch import ActionLog
 from servegym.sandbox.local import Isolation, LocalSandbox
 from servegym.tasks.spec import Task
 
@@ -74,8 +75,11 @@ class MeteredWorkspace:
         self._charge = charge
         self._exhausted = exhausted
         self.commands = 0
+        self.actions = ActionLog()
+        """Every action asked for, for :mod:`servegym.runner.agent_watch`."""
 
     def run(self, command: str, timeout_s: float = 120.0) -> CommandResult:
+        self.actions.add("bash", command)
         if self._exhausted():
             raise BudgetExhausted("the budget is spent; commands are no longer run")
         timeout_s = min(max(float(timeout_s), 1.0), MAX_COMMAND_TIMEOUT_S)
@@ -87,7 +91,9 @@ class MeteredWorkspace:
             self._charge(time.monotonic() - started)
 
     def read_file(self, path: str, max_chars: int = 50_000) -> str:
+        self.actions.add("read_file", path)
         return self.sandbox.read_file(path, max_chars)
 
     def write_file(self, path: str, content: str) -> int:
+        self.actions.add("write_file", path)
         return self.sandbox.write_file(path, content)

@@ -39,11 +39,14 @@ class Finding(BaseModel):
     of: int
     request_id: str
     evidence: str
+    subject: str = "request"
+    """What ``request_id`` names and ``requests``/``of`` count (checks of an agent phase
+    or a server name an action, a file or a connection)."""
 
     def text(self) -> str:
         return (
-            f"{self.check}: {self.evidence} (request {self.request_id}; "
-            f"{self.requests} of {self.of} requests)"
+            f"{self.check}: {self.evidence} ({self.subject} {self.request_id}; "
+            f"{self.requests} of {self.of} {self.subject}s)"
         )
 
 

@@ -129,6 +129,21 @@ the pairs' range, which holds the centre with probability ``1 - 2^(1 - n)`` (75%
 pairs, 94% for 5; see :mod:`servegym.scoring.score`)."""
 
 
+class IntegritySpec(_Strict):
+    """The probe check of a real-track evaluation (see :mod:`servegym.scoring.probes`): the
+    reference model re-scores ``probe_requests`` answers of the submission drawn after the
+    run; a probe fails when fewer than ``min_within_share`` of its tokens are the
+    reference's greedy choice within ``max_gap_nats``; the check fails when more than
+    ``max_failed_share`` of the probes fail. The defaults pass honest bfloat16 (largest gap
+    measured: 0.013 nats) and fail another model, replayed or constant tokens and sampling
+    (gaps of about 1 nat)."""
+
+    probe_requests: int = Field(default=32, ge=1, le=10_000)
+    max_gap_nats: float = Field(default=0.1, gt=0, le=20)
+    min_within_share: float = Field(default=0.95, gt=0, le=1)
+    max_failed_share: float = Field(default=0.0, ge=0, lt=1)
+
+
 class EvaluationSpec(_Strict):
     """How the final evaluation measures baseline and submission (paired, alternating)."""
 
@@ -199,6 +214,7 @@ class Task(_Strict):
     objective: ObjectiveSpec
     sla: SLA | None = None
     accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
+    integrity: IntegritySpec = Field(default_factory=IntegritySpec)
     budget: BudgetSpec
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     tags: list[str] = Field(default_factory=list)

