@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from servegym.errors import UserError
+from servegym.pipeline.commands import pipeline_app
 from servegym.tasks.commands import task_app
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app = typer.Typer(
 workload_app = typer.Typer(help="List and inspect workloads.", no_args_is_help=True)
 app.add_typer(workload_app, name="workload")
 app.add_typer(task_app, name="task")
+app.add_typer(pipeline_app, name="pipeline")
 
 console = Console()
 err_console = Console(stderr=True)

@@ -97,6 +97,10 @@ class ExperimentResult(BaseModel):
     )
     accuracy_ratio: float | None = None
     metrics: Metrics | None = None
+    pipeline: dict[str, Any] | None = Field(
+        default=None,
+        description="pipeline tasks: answering rate, latency percentiles, recall, stage shares",
+    )
     cost_sim_gpu_seconds: float = 0.0
     cost_wall_seconds: float = 0.0
     budget: BudgetState

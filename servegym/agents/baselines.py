@@ -126,6 +126,15 @@ class Tracker:
         return final
 
 
+def search_space_name(desc: TaskDescription) -> str:
+    """The search space for the task: its engine's (``sim``), or ``<engine>-pipeline`` on a
+    pipeline task (whose knobs include ``pipeline.<knob>`` ones)."""
+    engine = desc.engines[0]
+    if any(k.name.startswith("pipeline.") for k in desc.knobs):
+        return f"{engine}-pipeline"
+    return engine
+
+
 def _baseline_of(desc: TaskDescription) -> ServingConfig:
     return ServingConfig.model_validate(desc.baseline)
 
@@ -177,7 +186,7 @@ class SearchAgent:
         baseline = _baseline_of(desc)
         env.submit(baseline)
         space = load_search_space(
-            desc.engines[0],
+            search_space_name(desc),
             model=desc.model,
             num_gpus=desc.num_gpus_available,
             path=self.search_space_path,

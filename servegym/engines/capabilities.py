@@ -95,3 +95,15 @@ def one_kv_cache_size() -> Rule:
         return None
 
     return Rule("kv_cache_memory_bytes", violation)
+
+
+def no_pipeline_table() -> Rule:
+    """A rule: a ``[pipeline]`` table configures a retrieval pipeline, not a server (a
+    pipeline harness takes it off before starting the server)."""
+
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        if config.pipeline is None:
+            return None
+        return "the [pipeline] table is for pipeline tasks, not a server's command line"
+
+    return Rule("pipeline", violation)

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servegym.pipeline.knobs import PipelineKnobs
+
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 WeightQuantization = Literal["none", "fp8", "int8", "awq", "gptq", "int4"]
 SpecMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
@@ -53,6 +55,10 @@ class ServingConfig(BaseModel):
     tensor_parallel_size: int | None = Field(default=None, ge=1)
     enforce_eager: bool | None = None
     attention_backend: str | None = None
+    pipeline: PipelineKnobs | None = Field(
+        default=None,
+        description="pipeline tasks only: the retrieval pipeline's knobs ([pipeline] table)",
+    )
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 

@@ -14,6 +14,7 @@ from servegym.engines.capabilities import (
     CapabilityTable,
     Rule,
     allowed_values,
+    no_pipeline_table,
     tensor_parallel_fits_gpus,
 )
 from servegym.engines.config import ServingConfig
@@ -86,6 +87,7 @@ class SglangEngine(Engine):
             allowed_values("block_size", (1, 16, 32, 64, 128)),
             allowed_values("attention_backend", ATTENTION_BACKENDS),
             tensor_parallel_fits_gpus(),
+            no_pipeline_table(),
             _no_kv_bytes(),
             _speculative_supported(),
             _quantization_supported(),

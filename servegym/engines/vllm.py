@@ -13,6 +13,7 @@ from servegym.engines.capabilities import (
     CapabilityTable,
     Rule,
     allowed_values,
+    no_pipeline_table,
     one_kv_cache_size,
     tensor_parallel_fits_gpus,
 )
@@ -152,6 +153,7 @@ class VllmEngine(_VllmBase):
             allowed_values("block_size", (8, 16, 32, 64, 128)),
             allowed_values("attention_backend", GPU_ATTENTION_BACKENDS),
             tensor_parallel_fits_gpus(),
+            no_pipeline_table(),
             one_kv_cache_size(),
             _no_prequantized_only("vllm"),
             _draft_model_named(),
@@ -250,6 +252,7 @@ class VllmCpuEngine(_VllmBase):
             _cpu_quantization(),
             _cpu_no_gpu_memory(),
             _cpu_one_worker(),
+            no_pipeline_table(),
             allowed_values("attention_backend", ("CPU_ATTN",)),
             _draft_model_named(),
         ),

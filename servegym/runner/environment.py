@@ -50,8 +50,10 @@ from servegym.agents.base import (
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
-from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
+from servegym.engines.sim.launch import LaunchedEngine, LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
+from servegym.pipeline.engine import launch_task
+from servegym.pipeline.knobs import pipeline_knob_infos
 from servegym.runner.secrets import stable_seed
 from servegym.scoring.objectives import (
     ObjectiveMeasurement,
@@ -244,13 +246,7 @@ class SimTaskEnvironment(EnvironmentBase):
 
     def _launch(self, config: ServingConfig) -> LaunchedEngine:
         spec, _ = self._spec(False)
-        return launch(
-            self.model,
-            self.hardware,
-            config,
-            workload_family=spec.kind,
-            available_gpus=self.task.max_gpus,
-        )
+        return launch_task(self.task, self.model, self.hardware, config, workload_family=spec.kind)
 
     def baseline_dev(self, quick: bool = False) -> ObjectiveMeasurement:
         """The baseline's objective on the dev workload (measured once; never charged)."""
@@ -310,7 +306,10 @@ class SimTaskEnvironment(EnvironmentBase):
                 help=f"{k.help} (default: {k.default})",
             )
             for k in KNOBS
+            if k.name != "pipeline" or task.pipeline is not None
         ]
+        if task.pipeline is not None:
+            knobs += pipeline_knob_infos()
         quick_spec, _ = self._spec(True)
         workload: dict[str, Any] = {
             "name": spec.name,
@@ -320,6 +319,8 @@ class SimTaskEnvironment(EnvironmentBase):
             "summary": summary.model_dump(mode="json"),
             "quick_requests": quick_spec.num_requests,
         }
+        if task.pipeline is not None:
+            workload["pipeline"] = task.pipeline.model_dump(mode="json")
         objective = task.objective
         if objective.kind in ("max_rate_at_sla", "cost_at_sla") or any(
             c.kind in ("max_rate_at_sla", "cost_at_sla") for c in objective.components
@@ -453,6 +454,7 @@ class SimTaskEnvironment(EnvironmentBase):
             improvement=measurement_improvement(self.task.objective, baseline, m),
             accuracy_ratio=engine.accuracy_ratio / base_engine.accuracy_ratio,
             metrics=m.metrics,
+            pipeline=m.pipeline.summary() if m.pipeline is not None else None,
             log_tail=TRUNCATED_NOTE if m.search_truncated else None,
             cost_sim_gpu_seconds=cost,
             budget=self._state_after(index),

@@ -33,8 +33,9 @@ from typing import Any
 
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import ExternalServer, LauncherSubmission
-from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
+from servegym.engines.sim.launch import LaunchedEngine, LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
+from servegym.pipeline.engine import launch_task
 from servegym.runner.environment import HarnessError
 from servegym.runner.results import (
     EvaluationInfo,
@@ -249,9 +250,7 @@ def evaluate(
     info, summary = evaluation_header(task, workload)
 
     def start(config: ServingConfig) -> LaunchedEngine:
-        return launch(
-            model, hardware, config, workload_family=spec.kind, available_gpus=task.max_gpus
-        )
+        return launch_task(task, model, hardware, config, workload_family=spec.kind)
 
     try:
         base_engine = start(task.baseline)

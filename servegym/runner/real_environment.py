@@ -45,6 +45,8 @@ from servegym.engines.process import read_tail
 from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
+from servegym.pipeline.cpu import experiment as pipeline_experiment
+from servegym.pipeline.knobs import pipeline_knob_infos
 from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
 from servegym.runner.real_measure import measure_run, real_objective_problem
 from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
@@ -132,7 +134,9 @@ class RealTaskEnvironment(EnvironmentBase):
         )
         self.sandbox = workspace_sandbox(task, self.engine, self.model, root, isolation=isolation)
         if not (self.sandbox.root / LAUNCHER).exists():
-            seed_workspace(self.sandbox, self.engine, task.baseline)
+            seed_workspace(
+                self.sandbox, self.engine, task.baseline.model_copy(update={"pipeline": None})
+            )
         self.workspace = MeteredWorkspace(
             self.sandbox, charge=self._charge, exhausted=lambda: self.budget_left().exhausted
         )
@@ -185,6 +189,8 @@ class RealTaskEnvironment(EnvironmentBase):
 
     def baseline_dev(self, quick: bool = False) -> tuple[ObjectiveMeasurement, float | None]:
         """The baseline's objective and accuracy on the dev workload (once; not charged)."""
+        if self.task.pipeline is not None:
+            return pipeline_experiment.baseline_dev(self, quick)
         if quick not in self._baseline:
             served = self._serve(self.task.baseline, quick, f"dev-baseline{'-quick' * quick}")
             if not served.ok or not served.results:
@@ -219,6 +225,8 @@ class RealTaskEnvironment(EnvironmentBase):
             "summary": summarise(self._workload(False)).model_dump(mode="json"),
             "quick_requests": quick_spec.num_requests,
         }
+        if task.pipeline is not None:
+            workload["pipeline"] = pipeline_experiment.describe_questions(self.loaded)
         return TaskDescription(
             task_id=task.id,
             title=task.title,
@@ -230,7 +238,7 @@ class RealTaskEnvironment(EnvironmentBase):
             price_per_gpu_hour=task.price_per_hour or 0.0,
             engines=list(task.engines),
             baseline=changed_knobs(task.baseline),
-            knobs=knob_infos(),
+            knobs=knob_infos() + (pipeline_knob_infos() if task.pipeline is not None else []),
             workload=workload,
             objective=task.objective.label(),
             higher_is_better=task.objective.higher_is_better,
@@ -266,6 +274,8 @@ class RealTaskEnvironment(EnvironmentBase):
 
     def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
         self._may_run()
+        if self.task.pipeline is not None:
+            return pipeline_experiment.run_experiment(self, config, quick)
         self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
         index = len(self.experiments)
         started = time.monotonic()
@@ -285,6 +295,8 @@ class RealTaskEnvironment(EnvironmentBase):
         :class:`~servegym.agents.base.WorkspaceEnvironment`); the experiment's config is
         ``{"launcher": ..., "digest": ...}``, the digest of the workspace's files."""
         self._may_run()
+        if self.task.pipeline is not None:
+            raise WorkspaceError(pipeline_experiment.NO_LAUNCHER)
         if not (self.sandbox.root / LAUNCHER).is_file():
             raise WorkspaceError(f"the workspace has no {LAUNCHER}")
         self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
@@ -306,6 +318,8 @@ class RealTaskEnvironment(EnvironmentBase):
 
     def submit_workspace(self) -> str:
         """Snapshot the workspace as the submission; returns a one-line summary."""
+        if self.task.pipeline is not None:
+            raise WorkspaceError(pipeline_experiment.NO_LAUNCHER)
         if not (self.sandbox.root / LAUNCHER).is_file():
             raise WorkspaceError(f"the workspace has no {LAUNCHER}: write it, then submit")
         files, size, digest = self.sandbox.snapshot(self.submission_dir)

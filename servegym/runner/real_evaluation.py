@@ -212,6 +212,13 @@ def evaluate_real(
     outside them (``state_outside_submission``)."""
     engine = engine if engine is not None else get_engine(loaded.task.engines[0])
     model = model if model is not None else resolve_model(loaded.task.model)
+    if loaded.task.pipeline is not None:
+        from servegym.pipeline.cpu.evaluation import evaluate_pipeline_real
+
+        return evaluate_pipeline_real(
+            loaded, submission, scoring_seed, server_logs=server_logs, engine=engine,
+            model=model, progress=progress,
+        )  # fmt: skip
     evaluation = asyncio.run(
         _evaluate(loaded, submission, scoring_seed, server_logs, progress, engine, model, isolation)
     )

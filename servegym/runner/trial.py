@@ -7,6 +7,9 @@ scored in a fresh evaluation on the hidden scoring workload.
   :class:`~servegym.agents.base.ExperimentResult` per line, appended as they happen;
 - ``latencies.json``: the first evaluation pair's per-request latencies (sorted, capped;
   :class:`~servegym.runner.results.TrialLatencies`), when the evaluation measured anything;
+- ``pipeline.json`` / ``pipeline_baseline.json``: a pipeline task's first evaluation
+  pair's :class:`~servegym.pipeline.result.PipelineResult` s (per-question records, stage
+  times; :mod:`servegym.pipeline.files`);
 - ``trial.json``: the :class:`~servegym.runner.results.TrialResult` (written atomically,
   last; its presence marks the trial finished, and a finished trial is skipped unless
   ``force``);
@@ -45,6 +48,8 @@ from servegym.cpu_track.home import track_paths
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
+from servegym.pipeline.cpu.experiment import check_agent as check_pipeline_agent
+from servegym.pipeline.files import write_pipeline_files
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
@@ -238,6 +243,7 @@ def run_trial(
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
+    check_pipeline_agent(loaded, agent, agent_name)
     folder = trial_folder(out_dir, loaded.id, agent_name, seed)
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
@@ -370,6 +376,7 @@ def run_trial(
     try:
         if evaluation is not None:
             write_latencies(folder, evaluation.latencies)  # before trial.json, the finished mark
+            write_pipeline_files(folder, evaluation.measurements)
         write_trial(result, folder)
     except OSError as e:  # a full disk, a folder gone read-only: say so, and what was found
         score = f" {result.score:.3f}x" if result.score is not None else ""

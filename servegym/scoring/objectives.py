@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from servegym.engines.sim.engine import simulate
 from servegym.engines.sim.launch import LaunchedEngine
 from servegym.loadgen.records import RequestRecord, RunResult
+from servegym.pipeline.result import PipelineResult
 from servegym.scoring.metrics import (
     Metrics,
     Percentiles,
@@ -80,6 +81,8 @@ UNITS: dict[str, str] = {
     "max_rate_at_sla": "req/s",
     "cost_at_sla": "$/Mtok",
     "composite": "x",
+    "pipeline_rate": "tasks/s",
+    "pipeline_latency": "s",
 }
 
 _PLAIN_KINDS = frozenset(
@@ -151,6 +154,18 @@ class ObjectiveMeasurement(BaseModel):
     sim_seconds: float = 0.0
     integrity: IntegrityCounts = Field(default_factory=IntegrityCounts)
     _latencies: RequestLatencies | None = PrivateAttr(default=None)
+    _pipeline: PipelineResult | None = PrivateAttr(default=None)
+
+    @property
+    def pipeline(self) -> PipelineResult | None:
+        """A pipeline task's run: per-question records and stage times (kept in memory for
+        the trial's ``pipeline.json``, never serialised here; None for other tasks)."""
+        return self._pipeline
+
+    def with_pipeline(self, result: PipelineResult | None) -> ObjectiveMeasurement:
+        """This measurement, holding ``result`` (returns ``self``)."""
+        self._pipeline = result
+        return self
 
     @property
     def latencies(self) -> RequestLatencies | None:
@@ -651,6 +666,13 @@ def measure_objective(
     (between probes) once the measurement has simulated that many virtual seconds; it
     then reports the best rate bracketed so far (``search_truncated``).
     """
+    from servegym.pipeline.engine import PipelineEngine
+
+    if isinstance(engine, PipelineEngine):
+        from servegym.pipeline.measure import measure_pipeline
+
+        wl = workload or materialise(spec, seed, base_dir=base_dir)
+        return measure_pipeline(task, engine, wl, noise_seed, objective=objective)
     measurer = _Measurer(
         task, engine, spec, seed, noise_seed, base_dir, workload, rate_hint, sim_seconds_cap
     )

@@ -11,7 +11,10 @@
 5. latency CDFs (TTFT, TPOT, E2E; each trial's first evaluation pair, ``latencies.json``,
    pooled over seeds) for the baseline and each agent's submissions on the chosen task;
 6. throughput against E2E p99 latency, baseline and submission of every trial of the chosen
-   task, a line joining the two runs of a trial.
+   task, a line joining the two runs of a trial;
+
+and, when some trials are of pipeline tasks, each such task's Amdahl table (after the
+per-task scores; :mod:`servegym.pipeline.report`).
 
 Plots are matplotlib figures (no pyplot, so no global backend) saved as SVG with text as
 text and inlined; the page's styles are inline too, so it opens offline anywhere.
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servegym.pipeline.report import pipeline_section
 from servegym.runner.results import OUTCOMES, write_atomic
 from servegym.scoring.leaderboard import (
     LEVEL,
@@ -370,6 +374,7 @@ def render_report(
             "Each agent's geometric mean over seeds per task, with its bootstrap interval "
             "(log scale; dashed: the baseline, 1.0).",
         ),
+        pipeline_section(zip(df["task"], df["folder"], strict=True)),
         "<h2 id='outcomes'>Outcomes</h2>",
         _figure_block(plot_outcomes(board), "Share of each agent's trials by outcome."),
         f"<h2 id='task'>Task {esc(task)}</h2>",

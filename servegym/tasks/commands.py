@@ -167,6 +167,8 @@ def render_task(loaded: LoadedTask) -> Group:
         )
     if t.sla is not None:
         rows.append(("sla", t.sla.to_flag() or "-"))
+    if t.pipeline is not None:
+        rows.append(("pipeline", _fmt_dict(t.pipeline.model_dump())))
     rows.append(("accuracy", f"min ratio {t.accuracy.min_ratio:g} of the baseline's"))
     rows.append(("budget", _fmt_dict(t.budget.model_dump(exclude_none=True))))
     rows.append(("evaluation", _fmt_dict(t.evaluation.model_dump())))

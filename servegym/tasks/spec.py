@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servegym.engines.config import ServingConfig
+from servegym.pipeline.spec import PipelineSpec
 from servegym.scoring.sla import SLA
 from servegym.workloads.rng import MAX_SEED
 from servegym.workloads.spec import MAX_COUNT, MAX_SCALE
@@ -37,7 +38,10 @@ ObjectiveKind = Literal[
     "max_rate_at_sla",  # highest arrival rate with SLA attainment >= target, higher is better
     "cost_at_sla",  # $ per M output tokens at that rate, lower is better
     "composite",  # geometric mean of the components' improvement ratios
+    "pipeline_rate",  # pipeline tasks: answered questions/s, higher is better
+    "pipeline_latency",  # pipeline tasks: question latency at `statistic`, s, lower is better
 ]
+PIPELINE_KINDS = ("pipeline_rate", "pipeline_latency")
 
 
 class ObjectiveSpec(_Strict):
@@ -70,7 +74,13 @@ class ObjectiveSpec(_Strict):
 
     @property
     def higher_is_better(self) -> bool:
-        return self.kind in ("output_throughput", "goodput", "max_rate_at_sla", "composite")
+        return self.kind in (
+            "output_throughput",
+            "goodput",
+            "max_rate_at_sla",
+            "composite",
+            "pipeline_rate",
+        )
 
     @property
     def needs_sla(self) -> bool:
@@ -79,7 +89,7 @@ class ObjectiveSpec(_Strict):
         return self.kind in ("goodput", "max_rate_at_sla", "cost_at_sla")
 
     def label(self) -> str:
-        if self.kind in ("ttft", "tpot", "itl", "e2e", "turn_latency"):
+        if self.kind in ("ttft", "tpot", "itl", "e2e", "turn_latency", "pipeline_latency"):
             return f"{self.kind} {self.statistic}"
         if self.kind == "composite":
             return "composite(" + ", ".join(c.label() for c in self.components) + ")"
@@ -218,6 +228,10 @@ class Task(_Strict):
     budget: BudgetSpec
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     tags: list[str] = Field(default_factory=list)
+    pipeline: PipelineSpec | None = Field(
+        default=None,
+        description="a pipeline task: the RAG pipeline's fixed shape (servegym.pipeline)",
+    )
     agent_network: bool = Field(
         default=False,
         description="real tracks: whether the agent's commands may reach the network",
@@ -245,8 +259,20 @@ class Task(_Strict):
                 f"engine '{wrong[0]}' does not run on the {self.track} track "
                 f"(allowed: {', '.join(allowed)})"
             )
+        objectives = self.objective.components or [self.objective]
+        pipeline_kinds = [o.kind for o in objectives if o.kind in PIPELINE_KINDS]
+        if self.pipeline is not None:
+            if self.track == "gpu":
+                raise ValueError("pipeline tasks run on the sim and cpu tracks (for now)")
+            if len(pipeline_kinds) != len(objectives):
+                raise ValueError(
+                    "a pipeline task's objective must be pipeline_rate or pipeline_latency"
+                )
+        elif pipeline_kinds:
+            raise ValueError(f"objective '{pipeline_kinds[0]}' needs a [pipeline] table")
+        if self.pipeline is None and self.baseline.pipeline is not None:
+            raise ValueError("baseline.pipeline is for pipeline tasks only (no [pipeline] table)")
         if self.track != "sim":
-            objectives = self.objective.components or [self.objective]
             rate = [o.kind for o in objectives if o.kind in RATE_KINDS]
             if rate:
                 raise ValueError(

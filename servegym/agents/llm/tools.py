@@ -134,6 +134,8 @@ def experiment_summary(
                 "completed": m.completed,
                 "failed": m.failed,
             }
+        if r.pipeline is not None:
+            out["pipeline"] = r.pipeline
     else:
         out["launch_error"] = r.launch_error
     if r.log_tail:

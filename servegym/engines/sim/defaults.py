@@ -237,6 +237,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("tensor_parallel_size", "1", f"GPUs per replica: 1, 2, 4 or {MAX_TENSOR_PARALLEL}"),
     Knob("enforce_eager", "false", "no CUDA graphs: faster start-up, slower small-batch steps"),
     Knob("attention_backend", "auto", ", ".join(ATTENTION_BACKENDS)),
+    Knob(
+        "pipeline",
+        "none",
+        "pipeline tasks only: [pipeline] table of retrieval knobs (see docs/pipelines.md)",
+    ),
 )
 
 

@@ -177,6 +177,11 @@ def launch(
     """
     m = _profile(model, "--model")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware(hardware)
+    if config is not None and config.pipeline is not None:
+        raise LaunchError(
+            "error: unrecognized arguments: the [pipeline] table configures a retrieval "
+            "pipeline; only pipeline tasks have one"
+        )
     cfg = resolve(config, m, hw)
     env = dict(cfg.env)
     tp = cfg.tensor_parallel_size

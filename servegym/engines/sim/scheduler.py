@@ -198,6 +198,7 @@ class Scheduler:
         self._out_hashes: dict[int, IntArray] = {}
 
         self.now = 0.0
+        self.until: float | None = None
         self.step = 0
         self.T = np.zeros(4096, dtype=np.float64)
         # Emission intervals: request, first step, end step (exclusive), starts with prefill.
@@ -239,8 +240,16 @@ class Scheduler:
 
     # --- main loop ----------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Simulate until every arrived (and arriving) request has finished."""
+    def run(self, until: float | None = None) -> None:
+        """Simulate until every arrived (and arriving) request has finished.
+
+        ``until`` stops earlier: no step starts at or after that virtual time (a step that
+        started before it may end after it). Several engines then share one virtual clock,
+        each advanced in turn (:mod:`servegym.pipeline.sim`); a request added at a time
+        before :attr:`now` arrived during the last step and waits for its end, as in a
+        real engine.
+        """
+        self.until = until
         idle_steps = 0
         while True:
             if self.arrivals and self.arrivals[0][0] <= self.now:
@@ -248,8 +257,12 @@ class Scheduler:
             if len(self.dec) == 0 and not self.pf and self._n_waiting == 0:
                 if not self.arrivals:
                     return
+                if until is not None and self.arrivals[0][0] >= until:
+                    return
                 self.now = max(self.now, self.arrivals[0][0])
                 continue
+            if until is not None and self.now >= until:
+                return
             if self._short:  # the last run of steps stopped where blocks run out
                 self._short = False
             elif (
@@ -266,6 +279,16 @@ class Scheduler:
                 idle_steps += 1
                 if idle_steps > 3:  # pragma: no cover - a scheduler bug, not a user error
                     raise RuntimeError("simulated scheduler made no progress")
+
+    def next_start(self) -> float | None:
+        """When this engine's next step could start: :attr:`now` while a request runs or
+        waits, the next arrival (not before :attr:`now`) when idle, ``None`` when no request
+        is left."""
+        if len(self.dec) or self.pf or self._n_waiting:
+            return self.now
+        if self.arrivals:
+            return max(self.now, self.arrivals[0][0])
+        return None
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -966,6 +989,14 @@ class Scheduler:
                 g_last = g0 + int(rel[k - 1])
                 self._short = False
                 total = self._set_blocks(g_last) - self.S_nb
+
+        until = self.until
+        if until is not None and k > 1 and ends[k - 2] >= until:
+            # Another engine's clock is behind: stop before the first step starting after it.
+            k = 1 + int(ends[: k - 1].searchsorted(until, side="left"))
+            g_last = g0 + int(rel[k - 1])
+            self._short = False
+            total = self._set_blocks(g_last) - self.S_nb
 
         # Commit.
         if self.observer is not None:

@@ -1,0 +1,122 @@
+"""Starting a pipeline task's deployment on the simulator: :class:`PipelineEngine`.
+
+A pipeline deployment is the main LLM server (the task's model, configured by the
+ServingConfig's engine knobs: it runs query decomposition and answer generation, and
+grading when ``grade_server = "shared"``), optionally a dedicated grade server (the task's
+smaller ``grade_model`` on a GPU of its own, ``grade_server = "dedicated"``), the embedder
+and reranker (on the main GPU, in the memory the LLM server leaves) and the HNSW index (on
+the host's cores).
+
+:class:`PipelineEngine` *is* a :class:`~servegym.engines.sim.launch.LaunchedEngine` (the
+main server's), with the deployment's totals in the fields the harness reads: ``num_gpus``
+and ``price_per_hour`` add the grade server's, ``startup_s`` is the slower server's, and
+``accuracy_ratio`` is the main model's modelled accuracy times the pipeline's modelled
+retrieval recall (:func:`servegym.pipeline.cost.final_recall`), so the task's accuracy gate
+(submission over baseline at least ``accuracy.min_ratio``) gates recall too. The
+environment and the final evaluation start it through :func:`launch_task`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from servegym.engines.config import ServingConfig
+from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
+from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_model
+from servegym.pipeline.cost import encoder_memory_gib, final_recall, index_build_docs_per_s
+from servegym.pipeline.knobs import PipelineKnobs
+from servegym.pipeline.spec import PipelineSpec
+from servegym.tasks.spec import Task
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineEngine(LaunchedEngine):
+    """A started pipeline deployment (the main server's fields, the deployment's totals)."""
+
+    knobs: PipelineKnobs
+    pipeline: PipelineSpec
+    main: LaunchedEngine
+    grade: LaunchedEngine | None
+    recall: float
+    """The modelled recall@k after every round (k = ``pipeline.passages_kept``)."""
+    index_build_docs_per_s: float
+
+
+def launch_pipeline(
+    task: Task,
+    model: ModelProfile,
+    hardware: HardwareProfile,
+    config: ServingConfig,
+    *,
+    workload_family: str = "synthetic",
+) -> PipelineEngine:
+    """Start ``config`` as ``task``'s pipeline, or raise :class:`LaunchError`."""
+    spec = task.pipeline
+    if spec is None:
+        raise ValueError(f"task {task.id} is not a pipeline task")
+    knobs = config.pipeline if config.pipeline is not None else PipelineKnobs()
+    server = config.model_copy(update={"pipeline": None})
+    main = launch(
+        model, hardware, server, workload_family=workload_family, available_gpus=task.max_gpus
+    )
+    grade: LaunchedEngine | None = None
+    if knobs.grade_server == "dedicated":
+        if main.num_gpus >= task.max_gpus:
+            raise LaunchError(
+                f"ValueError: grade_server = 'dedicated' needs a GPU of its own: the main "
+                f"server uses {main.num_gpus} of the {task.max_gpus} GPU(s) available"
+            )
+        try:
+            grade = launch(
+                get_model(spec.grade_model, "pipeline.grade_model"),
+                hardware,
+                ServingConfig(max_num_seqs=knobs.grade_max_num_seqs),
+                workload_family=workload_family,
+                available_gpus=1,
+            )
+        except LaunchError as e:
+            raise LaunchError(f"the grade server failed to start: {e.message}") from None
+    free_gib = hardware.memory_gib * (1.0 - main.config.gpu_memory_utilization)
+    need_gib = encoder_memory_gib(spec, knobs)
+    if need_gib > free_gib:
+        raise LaunchError(
+            f"torch.OutOfMemoryError: the embedder and reranker need {need_gib:.2f} GiB "
+            f"(embed_batch_size={knobs.embed_batch_size}) but the LLM server's "
+            f"gpu_memory_utilization={main.config.gpu_memory_utilization:g} leaves "
+            f"{free_gib:.2f} GiB: lower embed_batch_size or gpu_memory_utilization"
+        )
+    recall = final_recall(spec, knobs)
+    fields = {f.name: getattr(main, f.name) for f in dataclasses.fields(LaunchedEngine)}
+    fields.update(
+        num_gpus=main.num_gpus + (grade.num_gpus if grade is not None else 0),
+        price_per_hour=main.price_per_hour + (grade.price_per_hour if grade is not None else 0),
+        startup_s=max(main.startup_s, grade.startup_s if grade is not None else 0.0),
+        accuracy_ratio=main.accuracy_ratio * recall,
+    )
+    return PipelineEngine(
+        **fields,
+        knobs=knobs,
+        pipeline=spec,
+        main=main,
+        grade=grade,
+        recall=recall,
+        index_build_docs_per_s=index_build_docs_per_s(hardware, spec, knobs),
+    )
+
+
+def launch_task(
+    task: Task,
+    model: ModelProfile,
+    hardware: HardwareProfile,
+    config: ServingConfig,
+    *,
+    workload_family: str = "synthetic",
+) -> LaunchedEngine:
+    """Start ``config`` for a sim task: its pipeline when it is a pipeline task, else the
+    one simulated engine."""
+    if task.pipeline is not None:
+        return launch_pipeline(task, model, hardware, config, workload_family=workload_family)
+    return launch(
+        model, hardware, config, workload_family=workload_family, available_gpus=task.max_gpus
+    )
