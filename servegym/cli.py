@@ -511,8 +511,12 @@ def judge(
 
     from servegym.scoring.judge import judge_folders
 
-    with err_console.status(f"judging {len(trials)} trial(s) with {model}"):
-        verdicts = asyncio.run(judge_folders(trials, model, base_url, api_key_env))
+    try:
+        with err_console.status(f"judging {len(trials)} trial(s) with {model}"):
+            verdicts = asyncio.run(judge_folders(trials, model, base_url, api_key_env))
+    except UserError as e:  # one line and exit 2, also when called without main()
+        print_user_error(e)
+        raise typer.Exit(e.exit_code) from None
     for folder, v in zip(trials, verdicts, strict=True):
         found = "; ".join(f.text() for f in v.report.findings) or "no finding"
         note = f" (answer unreadable: {v.report.parse_error})" if v.report.parse_error else ""

@@ -110,6 +110,8 @@ def test_the_material_holds_the_result_and_logs(trial: Path) -> None:
 
 def test_bad_uses_are_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["judge", str(tmp_path), "--model", "anthropic:x"])
-    assert r.exit_code != 0
+    assert r.exit_code == 2 and "not a finished trial" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    (tmp_path / "trial.json").write_text("{}")
     r = CliRunner().invoke(app, ["judge", str(tmp_path), "--model", "tpe"])
-    assert r.exit_code != 0
+    assert r.exit_code == 2 and "--model: 'tpe' is not" in r.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from servegym.pipeline.engine import PipelineEngine
+from servegym.pipeline.result import PipelineResult
 from servegym.pipeline.sim import simulate_pipeline
 from servegym.scoring.objectives import UNITS, IntegrityCounts, ObjectiveMeasurement
 from servegym.tasks.spec import ObjectiveSpec, Task
@@ -45,9 +46,20 @@ def measure_pipeline(
     the task's; a composite measures each component on the same run)."""
     run = simulate_pipeline(engine, workload, noise_seed=noise_seed, task_id=task.id)
     obj = objective if objective is not None else task.objective
-    result = run.result
-    latencies = [r.latency_s for r in result.tasks]
     counts = IntegrityCounts(requests=run.requests, failed=run.failed)
+    return pipeline_measurement(obj, run.result, counts, sim_seconds=run.sim_seconds)
+
+
+def pipeline_measurement(
+    objective: ObjectiveSpec,
+    result: PipelineResult,
+    counts: IntegrityCounts,
+    *,
+    sim_seconds: float = 0.0,
+) -> ObjectiveMeasurement:
+    """The objective (each component of a composite) on one pipeline run, holding the
+    run's result: what the sim and cpu tracks both measure."""
+    latencies = [r.latency_s for r in result.tasks]
 
     def one(o: ObjectiveSpec) -> ObjectiveMeasurement:
         value = pipeline_value(o, latencies, result.answering_tasks_per_s)
@@ -59,26 +71,24 @@ def measure_pipeline(
             value=value,
             feasible=value is not None,
             runs=1,
-            sim_seconds=run.sim_seconds,
+            sim_seconds=sim_seconds,
             integrity=counts,
         )
 
-    if obj.kind == "composite":
-        parts = [one(c) for c in obj.components]
-        for p in parts:
-            p.runs, p.sim_seconds, p.integrity = 0, 0.0, IntegrityCounts()
-        m = ObjectiveMeasurement(
-            objective=obj.label(),
-            kind=obj.kind,
-            unit=UNITS[obj.kind],
-            higher_is_better=obj.higher_is_better,
-            value=None,
-            feasible=all(p.feasible for p in parts),
-            components=parts,
-            runs=1,
-            sim_seconds=run.sim_seconds,
-            integrity=counts,
-        )
-    else:
-        m = one(obj)
-    return m.with_pipeline(result)
+    if objective.kind != "composite":
+        return one(objective).with_pipeline(result)
+    parts = [one(c) for c in objective.components]
+    for p in parts:
+        p.runs, p.sim_seconds, p.integrity = 0, 0.0, IntegrityCounts()
+    return ObjectiveMeasurement(
+        objective=objective.label(),
+        kind=objective.kind,
+        unit=UNITS[objective.kind],
+        higher_is_better=objective.higher_is_better,
+        value=None,
+        feasible=all(p.feasible for p in parts),
+        components=parts,
+        runs=1,
+        sim_seconds=sim_seconds,
+        integrity=counts,
+    ).with_pipeline(result)

@@ -258,15 +258,7 @@ def evaluate(
         raise HarnessError(f"the task's baseline config does not launch: {e.message}") from None
     base_price = task_price(task, base_engine)
 
-    if submission is None:
-        none = gates.not_reached("no submission")
-        gate: dict[str, GateResult] = {"launch": none, "accuracy": none, "integrity": none}
-    else:
-        gate = {
-            "launch": gates.not_reached("integrity check failed first"),
-            "accuracy": gates.not_reached("the submission did not launch"),
-            "integrity": gates.check_config(submission, task.engines),
-        }
+    gate = gates.opening_gates(submission, task.engines)
     sub_engine: LaunchedEngine | None = None
     sub_error: str | None = None
     if gate["integrity"].passed:

@@ -49,6 +49,19 @@ def not_reached(why: str) -> GateResult:
     return GateResult(passed=None, detail=why)
 
 
+def opening_gates(submission: Any, engines: Sequence[str]) -> dict[str, GateResult]:
+    """The gates before anything runs: all unreached without a submission; else the
+    config's integrity checked, and launch and accuracy waiting on it."""
+    if submission is None:
+        none = not_reached("no submission")
+        return {"launch": none, "accuracy": none, "integrity": none}
+    return {
+        "launch": not_reached("integrity check failed first"),
+        "accuracy": not_reached("the submission did not launch"),
+        "integrity": check_config(submission, engines),
+    }
+
+
 def check_config(config: Any, engines: Sequence[str]) -> GateResult:
     """Integrity, part one: the submission is a valid ServingConfig for the task's engines,
     or a workspace with its launcher script."""

@@ -40,9 +40,9 @@ from servegym.pipeline.cpu.corpus import MODULES, Corpus, Question, build_corpus
 from servegym.pipeline.cpu.retrieval import BuildStats, WorkerRetriever
 from servegym.pipeline.cpu.runner import CpuPipelineRun, PipelineSettings, run_pipeline
 from servegym.pipeline.knobs import PipelineKnobs
-from servegym.pipeline.measure import pipeline_value
+from servegym.pipeline.measure import pipeline_measurement
 from servegym.pipeline.spec import PipelineSpec
-from servegym.scoring.objectives import UNITS, IntegrityCounts, ObjectiveMeasurement
+from servegym.scoring.objectives import IntegrityCounts, ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask
 from servegym.tasks.spec import ObjectiveSpec
 
@@ -287,36 +287,5 @@ async def run_side(
 
 def measure_run(objective: ObjectiveSpec, run: CpuPipelineRun) -> ObjectiveMeasurement:
     """The objective (each component of a composite) on one run, holding the run's result."""
-    result = run.result
-    latencies = [r.latency_s for r in result.tasks]
-    counts = IntegrityCounts(requests=len(result.tasks))
-
-    def one(o: ObjectiveSpec) -> ObjectiveMeasurement:
-        value = pipeline_value(o, latencies, result.answering_tasks_per_s)
-        return ObjectiveMeasurement(
-            objective=o.label(),
-            kind=o.kind,
-            unit=UNITS[o.kind],
-            higher_is_better=o.higher_is_better,
-            value=value,
-            feasible=value is not None,
-            runs=1,
-            integrity=counts,
-        )
-
-    if objective.kind != "composite":
-        return one(objective).with_pipeline(result)
-    parts = [one(c) for c in objective.components]
-    for p in parts:
-        p.runs, p.integrity = 0, IntegrityCounts()
-    return ObjectiveMeasurement(
-        objective=objective.label(),
-        kind=objective.kind,
-        unit=UNITS[objective.kind],
-        higher_is_better=objective.higher_is_better,
-        value=None,
-        feasible=all(p.feasible for p in parts),
-        components=parts,
-        runs=1,
-        integrity=counts,
-    ).with_pipeline(result)
+    counts = IntegrityCounts(requests=len(run.result.tasks))
+    return pipeline_measurement(objective, run.result, counts)

@@ -173,15 +173,7 @@ async def _evaluate(
     price = real_price(task)
     price_per_hour = price.price_per_hour if price is not None else None
 
-    if submission is None:
-        none = gates.not_reached("no submission")
-        gate: dict[str, GateResult] = {"launch": none, "accuracy": none, "integrity": none}
-    else:
-        gate = {
-            "launch": gates.not_reached("integrity check failed first"),
-            "accuracy": gates.not_reached("the submission did not launch"),
-            "integrity": gates.check_config(submission, task.engines),
-        }
+    gate = gates.opening_gates(submission, task.engines)
     server_logs.mkdir(parents=True, exist_ok=True)
     pool = IndexPool(spec, cpu.corpus, server_logs / "eval-retrieval.log")
     base: Deployment | None = None
