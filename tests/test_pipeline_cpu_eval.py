@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from engine_support import StandInEngine
 
-from servegym.agents.base import WorkspaceError
 from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
@@ -187,20 +186,4 @@ def test_experiments_run_the_pipeline_on_the_dev_questions(tmp_path: Path) -> No
     refused = env.run_experiment(ServingConfig(block_size=16, pipeline=PipelineKnobs()))
     assert not refused.ok and refused.launch_error is not None
     assert "block_size" in refused.launch_error
-    with pytest.raises(WorkspaceError, match="not a workspace launcher"):
-        env.run_benchmark()
-    with pytest.raises(WorkspaceError, match="not a workspace launcher"):
-        env.submit_workspace()
     env.close()
-
-
-def test_only_config_agents_work_a_cpu_pipeline_task(tmp_path: Path) -> None:
-    from servegym.agents.base import make_agent
-    from servegym.errors import UserError
-    from servegym.pipeline.cpu.experiment import check_agent
-
-    loaded = make_task(tmp_path)
-    for name in ("default", "random", "tpe"):
-        check_agent(loaded, make_agent(name), name)
-    with pytest.raises(UserError, match="agents default, random and tpe only"):
-        check_agent(loaded, object(), "claude-code")

@@ -9,7 +9,7 @@ A new agent is one class plus one :func:`register_agent` call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,22 @@ class BudgetState(BaseModel):
         )
 
 
+LAUNCHER = "start_server.sh"
+"""On real tracks tuned through a workspace, the submission is the workspace, started by
+this script."""
+
+CONFIG_FILE = "serving.toml"
+"""On real tracks tuned through configs, the workspace's serving config (knobs at the top
+level, ``[pipeline]`` and ``[speculative]`` tables): what ``run_benchmark`` measures and
+``submit_workspace`` submits, for agents that work through files (CLI agents)."""
+
+Tuning = Literal["config", "workspace"]
+"""How a task is tuned and what its submission is: ``config``, a serving config (knob ->
+value; the sim track, and real-track pipeline tasks, whose servers and retrieval stages the
+harness deploys from the config); ``workspace``, a folder whose ``start_server.sh`` starts
+the server (the other real-track tasks)."""
+
+
 class TaskDescription(BaseModel):
     """Everything an agent may know about its task (never the scoring seed or the oracle)."""
 
@@ -70,6 +86,12 @@ class TaskDescription(BaseModel):
     sla: dict[str, Any] | None
     accuracy_min_ratio: float
     budget: BudgetState
+    tuning: Tuning = Field(
+        default="config",
+        description="config: run_experiment and submit take knob -> value configs (on a "
+        f"real track the workspace's {CONFIG_FILE!r} is that config too); workspace: the "
+        f"submission is the workspace, started by {LAUNCHER!r}",
+    )
     max_agent_tokens: int | None = Field(
         default=None, description="a cap on the agent's model tokens (input + output)"
     )
@@ -154,13 +176,11 @@ class WorkspaceError(Exception):
     """A workspace request the agent can correct (a path outside it, a missing file)."""
 
 
-LAUNCHER = "start_server.sh"
-"""On real tracks the submission is the workspace, started by this script."""
-
-
 class WorkspaceEnvironment(TaskEnvironment, Protocol):
     """A real-track task with a workspace: the agent edits files (``start_server.sh`` and
-    whatever it calls), benchmarks the workspace's launcher, and submits the workspace.
+    whatever it calls), benchmarks the workspace's launcher, and submits the workspace. On a
+    task tuned through configs (:data:`Tuning`) the workspace's ``serving.toml`` stands in
+    for the launcher: it is what is benchmarked and submitted, as a config.
 
     The search baselines use only :class:`TaskEnvironment` (configs); model and CLI agents
     use this."""

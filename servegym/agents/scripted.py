@@ -4,9 +4,9 @@ The file is JSON Lines, one tool call per line: ``{"tool": "run_experiment", "ar
 {"config": {"max_num_seqs": 64}}}`` (``name`` works for ``tool``). A trial's own
 ``trajectory.jsonl`` is accepted as it is: its ``tool`` records are replayed in order and
 everything else is skipped, so a researcher can re-run what a model did, on another seed or
-after a harness change. Calls run through exactly the tools a model agent has (the sim
-track's or the real tracks'), and each call and its result is written to the trial's
-trajectory. A call answered with an error does not stop the replay.
+after a harness change. Calls run through exactly the tools a model agent has (those of a
+task tuned through configs, or through a workspace), and each call and its result is written
+to the trial's trajectory. A call answered with an error does not stop the replay.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class ScriptedAgent:
         t0 = time.monotonic()
         try:
             for call in self.calls:
-                result = call_tool(env, desc.track, baseline, call)
+                result = call_tool(env, desc.tuning, baseline, call)
                 if out is not None:
                     record: dict[str, Any] = {
                         "t": round(time.monotonic() - t0, 3),

@@ -19,6 +19,7 @@ and is charged in full. Every experiment is appended (and flushed) to ``experime
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,12 +28,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from servegym.agents.base import (
+    CONFIG_FILE,
     LAUNCHER,
     BudgetExhausted,
     BudgetState,
     ExperimentResult,
     KnobInfo,
     TaskDescription,
+    Tuning,
     WorkspaceError,
 )
 from servegym.cpu_track.home import TINY_MODEL
@@ -50,6 +53,7 @@ from servegym.pipeline.knobs import pipeline_knob_infos
 from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
 from servegym.runner.real_measure import measure_run, real_objective_problem
 from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
+from servegym.runner.workspace_config import read_workspace_config, write_workspace_config
 from servegym.sandbox.local import Isolation, tree_digest
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
@@ -133,15 +137,25 @@ class RealTaskEnvironment(EnvironmentBase):
             submission_dir if submission_dir is not None else server_logs.parent / "submission"
         )
         self.sandbox = workspace_sandbox(task, self.engine, self.model, root, isolation=isolation)
-        if not (self.sandbox.root / LAUNCHER).exists():
-            seed_workspace(
-                self.sandbox, self.engine, task.baseline.model_copy(update={"pipeline": None})
-            )
+        if self.tuning == "config":
+            if not (self.sandbox.root / CONFIG_FILE).exists():
+                write_workspace_config(self.sandbox.root, task.baseline, self._knobs())
+        elif not (self.sandbox.root / LAUNCHER).exists():
+            seed_workspace(self.sandbox, self.engine, task.baseline)
         self.workspace = MeteredWorkspace(
             self.sandbox, charge=self._charge, exhausted=lambda: self.budget_left().exhausted
         )
 
     # ------------------------------------------------------------------ harness side
+
+    @property
+    def tuning(self) -> Tuning:
+        """A pipeline task is tuned through configs (the harness deploys its servers and
+        retrieval stages); any other real-track task through its workspace's launcher."""
+        return "config" if self.task.pipeline is not None else "workspace"
+
+    def _knobs(self) -> list[KnobInfo]:
+        return knob_infos() + (pipeline_knob_infos() if self.task.pipeline is not None else [])
 
     @property
     def budget_limit(self) -> float | None:
@@ -238,7 +252,7 @@ class RealTaskEnvironment(EnvironmentBase):
             price_per_gpu_hour=task.price_per_hour or 0.0,
             engines=list(task.engines),
             baseline=changed_knobs(task.baseline),
-            knobs=knob_infos() + (pipeline_knob_infos() if task.pipeline is not None else []),
+            knobs=self._knobs(),
             workload=workload,
             objective=task.objective.label(),
             higher_is_better=task.objective.higher_is_better,
@@ -247,6 +261,7 @@ class RealTaskEnvironment(EnvironmentBase):
             budget=self.budget_left(),
             max_agent_tokens=task.budget.max_agent_tokens,
             max_agent_dollars=task.budget.max_agent_dollars,
+            tuning=self.tuning,
         )
 
     def budget_left(self) -> BudgetState:
@@ -293,10 +308,11 @@ class RealTaskEnvironment(EnvironmentBase):
     def run_benchmark(self, quick: bool = False) -> ExperimentResult:
         """Benchmark the workspace's ``start_server.sh`` (see
         :class:`~servegym.agents.base.WorkspaceEnvironment`); the experiment's config is
-        ``{"launcher": ..., "digest": ...}``, the digest of the workspace's files."""
+        ``{"launcher": ..., "digest": ...}``, the digest of the workspace's files. On a task
+        tuned through configs it runs the workspace's ``serving.toml`` as an experiment."""
         self._may_run()
-        if self.task.pipeline is not None:
-            raise WorkspaceError(pipeline_experiment.NO_LAUNCHER)
+        if self.tuning == "config":
+            return self.run_experiment(read_workspace_config(self.sandbox.root), quick)
         if not (self.sandbox.root / LAUNCHER).is_file():
             raise WorkspaceError(f"the workspace has no {LAUNCHER}")
         self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
@@ -317,9 +333,12 @@ class RealTaskEnvironment(EnvironmentBase):
         return result
 
     def submit_workspace(self) -> str:
-        """Snapshot the workspace as the submission; returns a one-line summary."""
-        if self.task.pipeline is not None:
-            raise WorkspaceError(pipeline_experiment.NO_LAUNCHER)
+        """Snapshot the workspace as the submission; returns a one-line summary. On a task
+        tuned through configs the workspace's ``serving.toml`` is the submission."""
+        if self.tuning == "config":
+            config = read_workspace_config(self.sandbox.root)
+            self.submit(config)
+            return f"submitted {CONFIG_FILE}: {json.dumps(changed_knobs(config), default=str)}"
         if not (self.sandbox.root / LAUNCHER).is_file():
             raise WorkspaceError(f"the workspace has no {LAUNCHER}: write it, then submit")
         files, size, digest = self.sandbox.snapshot(self.submission_dir)

@@ -48,7 +48,6 @@ from servegym.cpu_track.home import track_paths
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
-from servegym.pipeline.cpu.experiment import check_agent as check_pipeline_agent
 from servegym.pipeline.files import write_pipeline_files
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
@@ -243,7 +242,6 @@ def run_trial(
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
-    check_pipeline_agent(loaded, agent, agent_name)
     folder = trial_folder(out_dir, loaded.id, agent_name, seed)
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from servegym.agents.base import LAUNCHER, BudgetState
+from servegym.agents.base import CONFIG_FILE, LAUNCHER, BudgetState, Tuning
 from servegym.agents.cli.providers import Provider
 from servegym.errors import UserError
 
@@ -319,7 +319,25 @@ ADAPTERS: dict[str, type[CliAdapter]] = {
 # --------------------------------------------------------------------------- prompts
 
 
-def how_to_work() -> str:
+def how_to_work(tuning: Tuning = "workspace") -> str:
+    """What the CLI is told of its workspace and commands; on a task tuned through configs
+    (:data:`~servegym.agents.base.Tuning`) the workspace's ``serving.toml`` is what is
+    benchmarked and submitted."""
+    if tuning == "config":
+        return (
+            f"You work in {WORKSPACE} (the current folder): the submission is the serving "
+            f"config in ./{CONFIG_FILE} (it starts as the task's baseline and lists every knob "
+            "you may set); the harness deploys the servers and the pipeline from it. Your "
+            "commands:\n"
+            f"- `servegym-agent benchmark [--quick]`: run the dev workload with ./{CONFIG_FILE} "
+            "as it is, and print the objective, the improvement over the baseline, the "
+            "accuracy ratio and the pipeline's summary (charged to the budget; --quick is "
+            "shorter and noisier);\n"
+            f"- `servegym-agent submit`: make ./{CONFIG_FILE} as it is now the submission "
+            "(the last one stands);\n"
+            "- `servegym-agent budget`: what is spent and what is left.\n"
+            "Benchmark before you submit, and submit your best before the budget runs out."
+        )
     return (
         f"You work in {WORKSPACE} (the current folder): the submission is this folder, "
         f"started by ./{LAUNCHER}; edit it and whatever it calls. Your commands:\n"
@@ -348,15 +366,16 @@ def budget_left_text(b: BudgetState) -> str:
     return "budget left"
 
 
-def first_prompt(instruction: str, budget: BudgetState) -> str:
-    return f"{instruction.strip()}\n\n{how_to_work()}\nYou have {budget_left_text(budget)}."
+def first_prompt(instruction: str, budget: BudgetState, tuning: Tuning = "workspace") -> str:
+    return f"{instruction.strip()}\n\n{how_to_work(tuning)}\nYou have {budget_left_text(budget)}."
 
 
-def continuation_prompt(instruction: str, budget: BudgetState) -> str:
+def continuation_prompt(instruction: str, budget: BudgetState, tuning: Tuning = "workspace") -> str:
     """The prompt of every session after the first: the time left, then the task again."""
+    improve = CONFIG_FILE if tuning == "config" else LAUNCHER
     return (
-        f"You have {budget_left_text(budget)}. Continue: improve {LAUNCHER}, run "
+        f"You have {budget_left_text(budget)}. Continue: improve {improve}, run "
         "`servegym-agent benchmark`, and `servegym-agent submit` your best.\n\n"
         "(This is a new session: look at the workspace to see where you left off.) "
-        f"The task, as before:\n\n{instruction.strip()}\n\n{how_to_work()}"
+        f"The task, as before:\n\n{instruction.strip()}\n\n{how_to_work(tuning)}"
     )

@@ -437,9 +437,9 @@ class CliAgent:
                 self.outcome = "budget_spent"
                 return
             prompt = (
-                first_prompt(desc.instruction, budget)
+                first_prompt(desc.instruction, budget, desc.tuning)
                 if index == 0
-                else continuation_prompt(desc.instruction, budget)
+                else continuation_prompt(desc.instruction, budget, desc.tuning)
             )
             named = replace(setup, name=f"servegym-cli-{trial_tag}-{index}")
             kwargs = self.adapter.container_kwargs(named, prompt)

@@ -2,10 +2,12 @@
 
 ``--agent anthropic:MODEL``, ``--agent openai:MODEL`` and ``--agent openai-compatible:MODEL``
 (with ``--base-url``). The loop runs in the harness process: the model sees the system
-prompt (``prompts/system_sim.md``) and the task's instruction, and every tool call it makes
-runs against the :class:`~servegym.agents.base.TaskEnvironment` (no key ever reaches it); on
-the real tracks the tools are ``bash``, ``read_file``, ``write_file``, ``run_benchmark`` and
-``submit`` in the task's workspace sandbox (``prompts/system_real.md``).
+prompt and the task's instruction, and every tool call it makes runs against the
+:class:`~servegym.agents.base.TaskEnvironment` (no key ever reaches it). On a task tuned
+through configs (the sim track, real-track pipeline tasks) the tools are ``describe_task``,
+``run_experiment`` and ``submit`` (``prompts/system_config.md``); on one tuned through a
+workspace they are ``bash``, ``read_file``, ``write_file``, ``run_benchmark`` and ``submit``
+in the task's workspace sandbox (``prompts/system_workspace.md``).
 Near the model's context limit, older tool results are shortened
 (:mod:`servegym.agents.llm.context`); the task's and the settings' caps on tokens and dollars
 end the loop once reached (the call that crosses a cap completes).
@@ -144,13 +146,13 @@ class LLMAgent:
     async def _run(self, env: TaskEnvironment) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
-        track = desc.track
-        system = load_prompt("system_sim.md" if track == "sim" else "system_real.md")
-        tools = tools_for(track)
+        tuning = desc.tuning
+        system = load_prompt(f"system_{tuning}.md")
+        tools = tools_for(tuning)
         baseline = ServingConfig.model_validate(desc.baseline)
         first = (
             "Start with describe_task."
-            if track == "sim"
+            if tuning == "config"
             else f"Start by reading {LAUNCHER} (describe_task gives the task's details)."
         )
         messages: list[Message] = [
@@ -198,7 +200,7 @@ class LLMAgent:
                     return
                 results = []
                 for call in turn.tool_calls:
-                    out = await asyncio.to_thread(call_tool, env, track, baseline, call)
+                    out = await asyncio.to_thread(call_tool, env, tuning, baseline, call)
                     content = out.content
                     self._log(
                         "tool", name=call.name, arguments=call.arguments, result=content,

@@ -1,8 +1,9 @@
 """The tools an agent calls, as an LLM sees them, and how each call runs.
 
-Tool names and arguments are fixed by the benchmark. Sim track: ``describe_task``,
-``run_experiment`` (``config``: knob -> value, ``quick``: bool) and ``submit``
-(``config``). Real tracks (cpu, gpu): ``bash`` (``command``, ``timeout``), ``read_file``
+Tool names and arguments are fixed by the benchmark. Tasks tuned through configs (the sim
+track; real-track pipeline tasks): ``describe_task``, ``run_experiment`` (``config``: knob ->
+value, ``quick``: bool) and ``submit`` (``config``). Tasks tuned through a workspace (the
+other real-track tasks): ``bash`` (``command``, ``timeout``), ``read_file``
 (``path``), ``write_file`` (``path``, ``content``), ``run_benchmark`` (``quick``: starts
 the workspace's ``start_server.sh``, runs the dev workload, returns metrics and the server
 log's tail) and ``submit`` (no arguments: the workspace as it is now is the submission).
@@ -24,6 +25,7 @@ from servegym.agents.base import (
     BudgetState,
     ExperimentResult,
     TaskEnvironment,
+    Tuning,
     WorkspaceEnvironment,
     WorkspaceError,
 )
@@ -37,7 +39,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "additionalProperties": True,
 }
 
-SIM_TOOLS = [
+CONFIG_TOOLS = [
     ToolSpec(
         name="describe_task",
         description="The task: model, hardware, knobs and defaults, workload, objective, SLA, "
@@ -166,7 +168,7 @@ def run_tool(env: TaskEnvironment, baseline: ServingConfig, call: ToolCall) -> T
             env.submit(config)
             outcome = ToolOutcome(f"submitted: {json.dumps(config.changed(), default=str)}")
         else:
-            names = ", ".join(t.name for t in SIM_TOOLS)
+            names = ", ".join(t.name for t in CONFIG_TOOLS)
             outcome = ToolOutcome(
                 f"error: unknown tool '{call.name}' (tools: {names})", is_error=True
             )
@@ -189,7 +191,7 @@ def _with_budget(env: TaskEnvironment, outcome: ToolOutcome) -> ToolOutcome:
     return outcome
 
 
-REAL_TOOLS = [
+WORKSPACE_TOOLS = [
     ToolSpec(
         name="bash",
         description="Run a bash command in your workspace (the current folder; the model is "
@@ -243,8 +245,10 @@ REAL_TOOLS = [
 ]
 
 
-def tools_for(track: str) -> list[ToolSpec]:
-    return SIM_TOOLS if track == "sim" else REAL_TOOLS
+def tools_for(tuning: Tuning) -> list[ToolSpec]:
+    """The tools of a task tuned through configs or through a workspace (see
+    :data:`~servegym.agents.base.Tuning`)."""
+    return CONFIG_TOOLS if tuning == "config" else WORKSPACE_TOOLS
 
 
 def _text_arg(args: dict[str, Any], name: str) -> str:
@@ -280,7 +284,7 @@ def run_real_tool(env: WorkspaceEnvironment, call: ToolCall) -> ToolOutcome:
         elif call.name == "describe_task":
             outcome = ToolOutcome(env.describe().model_dump_json(indent=1, exclude={"budget"}))
         else:
-            names = ", ".join(t.name for t in REAL_TOOLS)
+            names = ", ".join(t.name for t in WORKSPACE_TOOLS)
             outcome = ToolOutcome(
                 f"error: unknown tool '{call.name}' (tools: {names})", is_error=True
             )
@@ -292,11 +296,11 @@ def run_real_tool(env: WorkspaceEnvironment, call: ToolCall) -> ToolOutcome:
 
 
 def call_tool(
-    env: TaskEnvironment, track: str, baseline: ServingConfig, call: ToolCall
+    env: TaskEnvironment, tuning: Tuning, baseline: ServingConfig, call: ToolCall
 ) -> ToolOutcome:
-    """A call to the tools of ``track`` (see :func:`tools_for`)."""
-    if track == "sim":
+    """A call to the tools of a task tuned as ``tuning`` (see :func:`tools_for`)."""
+    if tuning == "config":
         return run_tool(env, baseline, call)
     if not hasattr(env, "run_benchmark"):
-        return ToolOutcome(f"error: this {track}-track task has no workspace", is_error=True)
+        return ToolOutcome("error: this task has no workspace", is_error=True)
     return run_real_tool(env, call)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ It is charged its wall seconds, start-ups and index build included. It reports t
 objective, the improvement over the baseline's run of the same questions (measured once, on
 first need, not charged), the recall ratio to the baseline's as ``accuracy_ratio`` and the
 run's summary (answering rate, latency percentiles, recall@k, stage shares) as ``pipeline``.
-A workspace launcher cannot serve a pipeline task: :data:`NO_LAUNCHER` says so.
+Agents that work through files reach it through the workspace's ``serving.toml``
+(:mod:`servegym.runner.workspace_config`).
 """
 
 from __future__ import annotations
@@ -41,27 +42,6 @@ from servegym.tasks.loader import LoadedTask
 
 if TYPE_CHECKING:
     from servegym.runner.real_environment import RealTaskEnvironment
-
-NO_LAUNCHER = (
-    "a pipeline task is tuned through configs (server knobs and pipeline.<knob> ones, as the "
-    "default, random and tpe agents do), not a workspace launcher"
-)
-
-
-def check_agent(loaded: LoadedTask, agent: object, agent_name: str) -> None:
-    """Refuse, in one line, an agent that cannot work a real-track pipeline task: one that
-    tunes through a workspace launcher (model, CLI and scripted agents on a real track)."""
-    from servegym.agents.baselines import DefaultAgent, SearchAgent
-
-    task = loaded.task
-    if task.pipeline is None or task.track == "sim":
-        return
-    if not isinstance(agent, DefaultAgent | SearchAgent):
-        raise UserError(
-            f"--agent {agent_name}: task {loaded.id} is a {task.track}-track pipeline task, "
-            "tuned through configs: agents default, random and tpe only (workspace agents "
-            "are not supported on it yet)"
-        )
 
 
 async def dev_run(
