@@ -117,6 +117,7 @@ def test_evaluation_scores_the_pipeline_in_pairs(
     assert ev.score is not None and ev.score > 1.0  # 4 questions at once beat one at a time
     assert ev.gates["accuracy"].passed and "recall@4" in ev.gates["accuracy"].detail
     assert ev.baseline.accuracy_ratio is not None and ev.info.requests == 4
+    assert ev.gates["integrity"].detail.endswith("20 questions answered")  # 5 pairs x 4
     written = write_pipeline_files(tmp_path, ev.measurements)
     assert [p.name for p in written] == [PIPELINE_BASELINE_FILE, PIPELINE_FILE]
     result = PipelineResult.load(tmp_path / PIPELINE_FILE)

@@ -118,7 +118,14 @@ def test_config_gate_revalidates() -> None:
 
 def test_output_gate_and_merge() -> None:
     clean = check_outputs(IntegrityCounts(requests=10))
-    assert clean.passed
+    assert clean.passed and clean.detail == "10 requests completed with their forced output length"
+    # a cpu-track pipeline counts questions answered end to end (no forced lengths there)
+    questions = IntegrityCounts(requests=6, unit="questions")
+    summed = questions.add(IntegrityCounts(requests=4, unit="questions"))
+    assert summed.unit == "questions" and IntegrityCounts().add(questions).unit == "questions"
+    assert check_outputs(summed).detail == "10 questions answered"
+    lost = check_outputs(IntegrityCounts(requests=6, failed=1, unit="questions"))
+    assert lost.passed is False and lost.detail == "1 of 6 scoring questions did not complete"
     failed = check_outputs(IntegrityCounts(requests=10, failed=2))
     assert failed.passed is False and "2 of 10" in failed.detail
     short = check_outputs(IntegrityCounts(requests=10, length_mismatches=1))

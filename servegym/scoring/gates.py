@@ -136,10 +136,12 @@ def check_outputs(counts: IntegrityCounts, baseline: IntegrityCounts | None = No
     refused by any config that keeps the default ``max_model_len``) are the task's, not the
     submission's: with ``baseline`` given, the submission is flagged only when a larger
     share of its requests failed than of the baseline's. Any length mismatch is flagged.
+    A cpu-track pipeline counts questions answered end to end instead (``counts.unit``).
     """
     findings: list[str] = []
+    unit = counts.unit  # "requests", or a pipeline's "questions"
     if counts.requests == 0:
-        findings.append("no scoring request was measured")
+        findings.append(f"no scoring {unit[:-1]} was measured")
     base_share = 0.0
     if baseline is not None and baseline.requests:
         base_share = baseline.failed / baseline.requests
@@ -151,7 +153,7 @@ def check_outputs(counts: IntegrityCounts, baseline: IntegrityCounts | None = No
             else ""
         )
         findings.append(
-            f"{counts.failed} of {counts.requests} scoring requests did not complete{also}"
+            f"{counts.failed} of {counts.requests} scoring {unit} did not complete{also}"
         )
     if counts.length_mismatches:
         findings.append(
@@ -162,10 +164,8 @@ def check_outputs(counts: IntegrityCounts, baseline: IntegrityCounts | None = No
         return GateResult(passed=False, detail=findings[0], findings=findings)
     done = counts.requests - counts.failed
     note = f" ({counts.failed} refused, as the baseline's)" if counts.failed else ""
-    return GateResult(
-        passed=True,
-        detail=f"{done} requests completed with their forced output length{note}",
-    )
+    what = "answered" if unit == "questions" else "completed with their forced output length"
+    return GateResult(passed=True, detail=f"{done} {unit} {what}{note}")
 
 
 def merge(config_gate: GateResult, output_gate: GateResult | None) -> GateResult:

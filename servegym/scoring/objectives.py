@@ -41,6 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -103,12 +104,18 @@ class IntegrityCounts(BaseModel):
         description="completed requests whose harness-counted output length differs from the "
         "forced length",
     )
+    unit: Literal["requests", "questions"] = Field(
+        default="requests",
+        description="what was counted: LLM requests with a forced output length, or (a "
+        "cpu-track pipeline) questions answered end to end, whose lengths are not forced",
+    )
 
     def add(self, other: IntegrityCounts) -> IntegrityCounts:
         return IntegrityCounts(
             requests=self.requests + other.requests,
             failed=self.failed + other.failed,
             length_mismatches=self.length_mismatches + other.length_mismatches,
+            unit=other.unit if self.requests == 0 else self.unit,
         )
 
     @property

@@ -287,5 +287,5 @@ async def run_side(
 
 def measure_run(objective: ObjectiveSpec, run: CpuPipelineRun) -> ObjectiveMeasurement:
     """The objective (each component of a composite) on one run, holding the run's result."""
-    counts = IntegrityCounts(requests=len(run.result.tasks))
+    counts = IntegrityCounts(requests=len(run.result.tasks), unit="questions")
     return pipeline_measurement(objective, run.result, counts)
