@@ -84,6 +84,7 @@ class FakeEnv:
             sla=None,
             accuracy_min_ratio=self.accuracy_min_ratio,
             budget=self._state(),
+            tuning="config",
         )
 
     def budget_left(self) -> BudgetState:

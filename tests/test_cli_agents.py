@@ -88,6 +88,7 @@ def describe(track: str = "cpu") -> TaskDescription:
         sla=None,
         accuracy_min_ratio=0.9,
         budget=BudgetState(),
+        tuning="config" if track == "sim" else "workspace",
     )
 
 
@@ -312,6 +313,9 @@ def test_prompts_say_the_minutes_left() -> None:
     assert "Make the server faster." in text and "servegym-agent budget" in text
     first = first_prompt("Make the server faster.", BudgetState(wall_seconds_left=1800.0))
     assert first.startswith("Make the server faster.") and "30 minutes of budget left" in first
+    # a task tuned through configs (a pipeline task): the workspace's serving.toml
+    config = continuation_prompt("Tune it.", BudgetState(wall_seconds_left=725.0), "config")
+    assert "Continue: improve serving.toml, run" in config and "start_server.sh" not in config
 
 
 # --------------------------------------------------------------------------- control server

@@ -87,7 +87,6 @@ class TaskDescription(BaseModel):
     accuracy_min_ratio: float
     budget: BudgetState
     tuning: Tuning = Field(
-        default="config",
         description="config: run_experiment and submit take knob -> value configs (on a "
         f"real track the workspace's {CONFIG_FILE!r} is that config too); workspace: the "
         f"submission is the workspace, started by {LAUNCHER!r}",

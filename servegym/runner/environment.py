@@ -355,6 +355,7 @@ class SimTaskEnvironment(EnvironmentBase):
             budget=self.budget_left(),
             max_agent_tokens=task.budget.max_agent_tokens,
             max_agent_dollars=task.budget.max_agent_dollars,
+            tuning="config",
         )
 
     def budget_left(self) -> BudgetState:

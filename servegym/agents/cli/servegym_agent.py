@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """``servegym-agent``: the agent's command inside its sandbox, for a CLI agent's session.
 
-    servegym-agent benchmark [--quick]   start ./start_server.sh, run the dev workload, report
-    servegym-agent submit                snapshot the workspace as the submission
+    servegym-agent benchmark [--quick]   start ./start_server.sh (a pipeline task: run
+                                         ./serving.toml), run the dev workload, report
+    servegym-agent submit                snapshot the workspace as the submission (a
+                                         pipeline task: submit ./serving.toml)
     servegym-agent budget                what is spent and what is left
 
 Each subcommand is one HTTP call to the trial's control server on the harness side (see
@@ -109,10 +111,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = sub.add_parser(
         "benchmark",
-        help="start ./start_server.sh, run the dev workload against it, report (charged)",
+        help="start ./start_server.sh (a pipeline task: deploy ./serving.toml), run the dev "
+        "workload against it, report (charged)",
     )
     bench.add_argument("--quick", action="store_true", help="a shorter workload: cheaper, noisier")
-    sub.add_parser("submit", help="snapshot the workspace as the submission (the last stands)")
+    sub.add_parser(
+        "submit",
+        help="snapshot the workspace as the submission (a pipeline task: ./serving.toml; "
+        "the last stands)",
+    )
     sub.add_parser("budget", help="what is spent and what is left")
     return parser
 
