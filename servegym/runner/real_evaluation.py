@@ -64,8 +64,9 @@ from servegym.runner.real_measure import measure_run, real_price
 from servegym.runner.results import SideResult
 from servegym.runner.secrets import stable_seed
 from servegym.runner.workspace import fresh_workspace, workspace_sandbox
-from servegym.sandbox.egress import EgressWatch
+from servegym.sandbox.egress import EgressWatch, descendants
 from servegym.sandbox.local import Isolation
+from servegym.sandbox.pinned_env import Unpinned, unpinned
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.integrity import Finding, stream_findings
@@ -124,6 +125,19 @@ async def _probe_check(
 def _leader(server: ManagedServer) -> int | None:
     proc = server.process.proc if server.process is not None else None
     return proc.pid if proc is not None else None
+
+
+def pinned_env_finding(found: list[Unpinned], processes: int) -> Finding:
+    """``pinned_environment``: the submission's server runs without the pinned environment
+    (the task's hardware class), so it was measured on other hardware than the baseline."""
+    return Finding(
+        check="pinned_environment",
+        requests=len({u.pid for u in found}),
+        of=processes,
+        request_id=str(found[0].pid),
+        evidence=f"{found[0].text()}: the launcher changed the hardware the task measures on",
+        subject="process",
+    )
 
 
 def egress_finding(watch: EgressWatch) -> Finding:
@@ -300,6 +314,8 @@ async def _evaluate(
     unresponsive = "the server stopped answering"
     egress: EgressWatch | None = None
     egress_task: asyncio.Task[None] | None = None
+    pinned = engine.pinned_env()
+    pinned_found: list[Finding] = []
     try:
         base_proc, base_error = await _start(base_server)
         if base_proc is None:
@@ -330,6 +346,12 @@ async def _evaluate(
                 egress_task = asyncio.create_task(egress.run())
             sub_proc, sub_error = await _start(sub_server)
             gate["launch"] = gates.check_launch(sub_error)
+            leader = _leader(sub_server)
+            if isinstance(sub_server, ScriptServer) and leader is not None and pinned:
+                tree = descendants(leader)
+                changed = unpinned(leader, pinned)
+                if changed:
+                    pinned_found.append(pinned_env_finding(changed, len(tree)))
 
         n_pairs = repeats if sub_proc is not None else 1
         total = n_pairs * (2 if sub_proc is not None else 1)
@@ -397,7 +419,7 @@ async def _evaluate(
     submission_side: SideResult | None = None
     if submission is not None:
         submission_side = _side(submission, sub_proc, sub_error, subs, sub_acc, price_per_hour)
-    found = stream_findings(runs.get("submission", []))
+    found = stream_findings(runs.get("submission", [])) + pinned_found
     if egress is not None and egress.seen:
         found.append(egress_finding(egress))
     probe_note = ""

@@ -45,6 +45,7 @@ def workspace_sandbox(
         tool_dirs=engine.tool_dirs(),
         network=task.agent_network,
         isolation=isolation,
+        env=engine.pinned_env(),
     )
 
 

@@ -44,9 +44,10 @@ class Finding(BaseModel):
     or a server name an action, a file or a connection)."""
 
     def text(self) -> str:
+        plural = self.subject + ("es" if self.subject.endswith("s") else "s")
         return (
             f"{self.check}: {self.evidence} ({self.subject} {self.request_id}; "
-            f"{self.requests} of {self.of} {self.subject}s)"
+            f"{self.requests} of {self.of} {plural})"
         )
 
 

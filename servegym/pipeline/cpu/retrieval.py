@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servegym.cpu_track.isa import CPU_ISA_ENV
 from servegym.errors import UserError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -117,6 +118,7 @@ class WorkerRetriever:
             "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "PYTHONUNBUFFERED": "1",
+            **CPU_ISA_ENV,
         }
         owns_log = stderr is None
         if stderr is None:
