@@ -5,7 +5,10 @@ its hardware class, :mod:`servegym.cpu_track.isa`); a config cannot change them,
 workspace launcher is a script, and a script can ``export`` another value or ``unset`` one.
 Once the server answers, :func:`unpinned` reads the environment every process of its tree
 started with (``/proc/PID/environ``) and reports each process that does not carry the pinned
-values: the submission was measured on other hardware than the baseline.
+values: the submission was measured on other hardware than the baseline. A variable set to
+another value is found in any process; a missing one only where the environment is still
+readable (see :func:`unpinned`), so a launcher that clears the whole environment
+(``env -i``) before starting its server is not seen.
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def unpinned(root: int, pinned: dict[str, str]) -> list[Unpinned]:
         with contextlib.suppress(OSError):
             command = (PROC / str(pid) / "comm").read_text().strip()
         for key, want in sorted(pinned.items()):
-            if env.get(key) != want:
-                found.append(Unpinned(pid, command, key, env.get(key), want))
+            have = env.get(key)
+            if have == want:
+                continue
+            if have is None and "PATH" not in env:
+                # a process that renamed itself (setproctitle: vLLM's EngineCore and
+                # workers) reuses its environment's memory for the title, and /proc then
+                # shows only what it set since; every process the sandbox starts has PATH
+                continue
+            found.append(Unpinned(pid, command, key, have, want))
     return found
