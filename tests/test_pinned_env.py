@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from servegym.sandbox import egress, pinned_env
+from servegym.sandbox.egress import descendants
 from servegym.sandbox.pinned_env import unpinned
 
 PINNED = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -40,10 +41,10 @@ def test_unpinned_judges_values_everywhere_and_absence_where_readable(
             99: (1, "elsewhere", {"PATH": "/usr/bin"}),  # not in the tree
         },
     )
-    found = unpinned(10, PINNED)
+    found = unpinned(descendants(10), PINNED)
     found.sort(key=lambda u: u.pid)
     assert [(u.pid, u.value) for u in found] == [(13, None), (14, "AVX512_CORE_AMX")]
     assert found[0].text() == (
         "python3 (pid 13) runs with unset; the task pins ONEDNN_MAX_CPU_ISA=AVX2"
     )
-    assert unpinned(11, {}) == []
+    assert unpinned(descendants(11), {}) == []

@@ -349,7 +349,7 @@ async def _evaluate(
             leader = _leader(sub_server)
             if isinstance(sub_server, ScriptServer) and leader is not None and pinned:
                 tree = descendants(leader)
-                changed = unpinned(leader, pinned)
+                changed = unpinned(tree, pinned)
                 if changed:
                     pinned_found.append(pinned_env_finding(changed, len(tree)))
 

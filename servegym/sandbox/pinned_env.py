@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from servegym.sandbox.egress import PROC, descendants
+from servegym.sandbox.egress import PROC
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +52,11 @@ def environ_of(pid: int) -> dict[str, str] | None:
     return out
 
 
-def unpinned(root: int, pinned: dict[str, str]) -> list[Unpinned]:
-    """Every (process, variable) of ``root``'s tree that does not carry ``pinned``."""
+def unpinned(tree: list[int], pinned: dict[str, str]) -> list[Unpinned]:
+    """Every (process, variable) of ``tree`` (a server's processes, ``egress.descendants`` of
+    its leader) that does not carry ``pinned``."""
     found = []
-    for pid in descendants(root):
+    for pid in tree:
         env = environ_of(pid)
         if env is None:
             continue
