@@ -174,19 +174,60 @@ def launch(
     ``models`` is where a draft model id is looked up (default: the shipped model
     profiles). Unknown model or hardware ids raise :class:`~servegym.errors.UserError` (bad
     input, not a failed launch).
+
+    The phases run in the order vLLM's start-up meets them, so a config with several
+    problems fails with the one the engine would report first.
     """
     m = _profile(model, "--model")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware(hardware)
+    _reject_pipeline(config)
+    cfg = resolve(config, m, hw)
+    env = dict(cfg.env)
+    _check_parallel(m, cfg, available_gpus)
+    _check_model(m, cfg, env)
+    _check_cache(hw, cfg, env)
+    _check_scheduler(cfg)
+    spec = _speculative_plan(m, cfg, models, workload_family)
+    quant = quantization_for(cfg.weight_format, cfg.quantization)
+    cost = _cost_model(m, hw, cfg, quant, spec)
+    memory = _plan_memory(m, hw, cfg, quant, cost)
+    return LaunchedEngine(
+        model=m,
+        hardware=hw,
+        config=cfg,
+        cost=cost,
+        quant=quant,
+        spec=spec,
+        num_gpus=cfg.tensor_parallel_size,
+        num_blocks=memory.num_blocks,
+        block_size=memory.block_size,
+        kv_capacity_tokens=memory.capacity_tokens,
+        kv_cache_bytes_per_gpu=memory.kv_cache_bytes_per_gpu,
+        weight_bytes_per_gpu=memory.weight_bytes_per_gpu,
+        startup_s=_startup_s(hw, cfg, cost),
+        accuracy_ratio=_accuracy_ratio(cfg, quant),
+        price_per_hour=hw.price_per_hour * cfg.tensor_parallel_size,
+        workload_family=workload_family,
+    )
+
+
+# --- validation: what vLLM's config classes reject -----------------------------------------
+
+
+def _reject_pipeline(config: ServingConfig | None) -> None:
+    """A ``[pipeline]`` table belongs to pipeline tasks; the engine's argument parser has no
+    such flag, so it fails before anything else is resolved."""
     if config is not None and config.pipeline is not None:
         raise LaunchError(
             "error: unrecognized arguments: the [pipeline] table configures a retrieval "
             "pipeline; only pipeline tasks have one"
         )
-    cfg = resolve(config, m, hw)
-    env = dict(cfg.env)
-    tp = cfg.tensor_parallel_size
 
-    # --- parallel config ---
+
+def _check_parallel(m: ModelProfile, cfg: ResolvedConfig, available_gpus: int) -> None:
+    """Parallel config: the TP group must fit the machine's GPUs (at most
+    :data:`MAX_TENSOR_PARALLEL`) and split the attention heads evenly."""
+    tp = cfg.tensor_parallel_size
     gpus = min(available_gpus, MAX_TENSOR_PARALLEL)
     if tp > gpus:
         raise LaunchError(
@@ -200,7 +241,10 @@ def launch(
             f"divisible by tensor parallel size ({tp})."
         )
 
-    # --- model config ---
+
+def _check_model(m: ModelProfile, cfg: ResolvedConfig, env: Mapping[str, str]) -> None:
+    """Model config: ``max_model_len`` within the model's positions (unless the env var
+    allows more, as in vLLM) and no float32 with a quantized checkpoint."""
     if cfg.max_model_len > m.max_position_embeddings and env.get(
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
     ) not in ("1", "true", "True"):
@@ -217,7 +261,11 @@ def launch(
             f"{cfg.quantization}. Supported dtypes: [torch.bfloat16, torch.float16]"
         )
 
-    # --- cache config ---
+
+def _check_cache(hw: HardwareProfile, cfg: ResolvedConfig, env: Mapping[str, str]) -> None:
+    """Cache config: a block size vLLM accepts, a known attention backend (the flag, else
+    ``VLLM_ATTENTION_BACKEND``), and no fp8 KV cache on FlashAttention where the GPU lacks
+    FlashAttention 3 (no fp8 compute)."""
     if cfg.block_size not in VALID_BLOCK_SIZES:
         raise LaunchError(
             "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
@@ -238,7 +286,10 @@ def launch(
                 f"needs FlashAttention 3, which {hw.name} does not support)"
             )
 
-    # --- scheduler config ---
+
+def _check_scheduler(cfg: ResolvedConfig) -> None:
+    """Scheduler config: the token budget holds one token per sequence, and without chunked
+    prefill it holds a whole ``max_model_len`` prompt."""
     if cfg.max_num_batched_tokens < cfg.max_num_seqs:
         raise LaunchError(
             f"ValueError: max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be greater "
@@ -252,70 +303,107 @@ def launch(
             "increase max_num_batched_tokens or decrease max_model_len."
         )
 
-    # --- speculative config ---
-    spec: SpecPlan | None = None
-    if cfg.speculative is not None:
-        s = cfg.speculative
-        prof, _ = method_profile(s.method)
-        draft: ModelProfile | None = None
-        if prof.requires_native_support:
-            raise LaunchError(
-                f"ValueError: Speculative method '{s.method}' needs a model that ships its own "
-                f"multi-token prediction layers (num_nextn_predict_layers > 0); {m.hf_name} "
-                "has none."
-            )
-        if s.method in ("eagle", "eagle3") and prof.heads and m.id not in prof.heads:
-            raise LaunchError(
-                f"ValueError: No {s.method.upper()} draft head is available for {m.hf_name} "
-                f"(simulated heads exist for: {', '.join(sorted(prof.heads))}). Use another "
-                "speculative method or model."
-            )
-        if s.method in ("draft_model", "eagle", "eagle3") and not s.draft_model:
-            usual = m.draft_model if s.method == "draft_model" else prof.heads.get(m.id)
-            raise LaunchError(
-                "ValueError: num_speculative_tokens was provided but without speculative model. "
-                f"(method '{s.method}' needs speculative_config.model"
-                + (f", e.g. '{usual}')" if usual else ")")
-            )
-        if s.method == "ngram":
-            lo, hi = s.prompt_lookup_min, s.prompt_lookup_max
-            if lo is not None and hi is not None and lo > hi:
-                raise LaunchError(
-                    f"ValueError: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}"
-                )
-        if s.method == "draft_model":
-            assert s.draft_model is not None
-            known = dict(models) if models is not None else model_profiles()
-            if s.draft_model not in known:
-                raise LaunchError(
-                    f"OSError: {s.draft_model} is not a local folder and is not a valid model "
-                    "identifier listed on 'https://huggingface.co/models' (simulated draft "
-                    f"models: {', '.join(sorted(known)) or 'none'})"
-                )
-            draft = known[s.draft_model]
-            if draft.vocab_size != m.vocab_size:
-                raise LaunchError(
-                    f"ValueError: The draft model's vocabulary ({draft.vocab_size} tokens) does "
-                    f"not match the target model's ({m.vocab_size}); speculative decoding needs "
-                    "the same tokenizer."
-                )
-            if draft.num_attention_heads % tp:
-                raise LaunchError(
-                    f"ValueError: Total number of attention heads ({draft.num_attention_heads}) "
-                    f"must be divisible by tensor parallel size ({tp}). (draft model "
-                    f"{draft.hf_name})"
-                )
-        spec = spec_plan(s, m, draft, workload_family)
 
-    # --- weights and memory ---
-    fmt = cfg.weight_format
-    quant = quantization_for(fmt, cfg.quantization)
-    act_bytes = 4.0 if cfg.dtype == "float32" else 2.0
+# --- speculative decoding ------------------------------------------------------------------
+
+
+def _speculative_plan(
+    m: ModelProfile,
+    cfg: ResolvedConfig,
+    models: Mapping[str, ModelProfile] | None,
+    workload_family: str,
+) -> SpecPlan | None:
+    """Speculative config: check that the method can run on this model (native MTP layers,
+    an EAGLE head for it, a draft model named where the method needs one, a sane n-gram
+    window), then plan it; ``None`` when speculation is off."""
+    if cfg.speculative is None:
+        return None
+    s = cfg.speculative
+    prof, _ = method_profile(s.method)
+    draft: ModelProfile | None = None
+    if prof.requires_native_support:
+        raise LaunchError(
+            f"ValueError: Speculative method '{s.method}' needs a model that ships its own "
+            f"multi-token prediction layers (num_nextn_predict_layers > 0); {m.hf_name} "
+            "has none."
+        )
+    if s.method in ("eagle", "eagle3") and prof.heads and m.id not in prof.heads:
+        raise LaunchError(
+            f"ValueError: No {s.method.upper()} draft head is available for {m.hf_name} "
+            f"(simulated heads exist for: {', '.join(sorted(prof.heads))}). Use another "
+            "speculative method or model."
+        )
+    if s.method in ("draft_model", "eagle", "eagle3") and not s.draft_model:
+        usual = m.draft_model if s.method == "draft_model" else prof.heads.get(m.id)
+        raise LaunchError(
+            "ValueError: num_speculative_tokens was provided but without speculative model. "
+            f"(method '{s.method}' needs speculative_config.model"
+            + (f", e.g. '{usual}')" if usual else ")")
+        )
+    if s.method == "ngram":
+        lo, hi = s.prompt_lookup_min, s.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise LaunchError(
+                f"ValueError: prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}"
+            )
+    if s.method == "draft_model":
+        assert s.draft_model is not None
+        draft = _draft_model(s.draft_model, m, cfg.tensor_parallel_size, models)
+    return spec_plan(s, m, draft, workload_family)
+
+
+def _draft_model(
+    draft_id: str, m: ModelProfile, tp: int, models: Mapping[str, ModelProfile] | None
+) -> ModelProfile:
+    """The draft model of ``method = "draft_model"``: it must exist (``models``, else the
+    shipped profiles), share the target's tokenizer and split over the same TP group."""
+    known = dict(models) if models is not None else model_profiles()
+    if draft_id not in known:
+        raise LaunchError(
+            f"OSError: {draft_id} is not a local folder and is not a valid model "
+            "identifier listed on 'https://huggingface.co/models' (simulated draft "
+            f"models: {', '.join(sorted(known)) or 'none'})"
+        )
+    draft = known[draft_id]
+    if draft.vocab_size != m.vocab_size:
+        raise LaunchError(
+            f"ValueError: The draft model's vocabulary ({draft.vocab_size} tokens) does "
+            f"not match the target model's ({m.vocab_size}); speculative decoding needs "
+            "the same tokenizer."
+        )
+    if draft.num_attention_heads % tp:
+        raise LaunchError(
+            f"ValueError: Total number of attention heads ({draft.num_attention_heads}) "
+            f"must be divisible by tensor parallel size ({tp}). (draft model "
+            f"{draft.hf_name})"
+        )
+    return draft
+
+
+# --- cost model ------------------------------------------------------------------------------
+
+
+def _act_bytes(cfg: ResolvedConfig) -> float:
+    """Bytes per activation element: 4 in float32, else 2 (bf16/fp16)."""
+    return 4.0 if cfg.dtype == "float32" else 2.0
+
+
+def _cost_model(
+    m: ModelProfile,
+    hw: HardwareProfile,
+    cfg: ResolvedConfig,
+    quant: QuantizationProfile,
+    spec: SpecPlan | None,
+) -> CostModel:
+    """The step-time and memory model of this model on this hardware with this config:
+    weight format, activation and KV element sizes (1 byte for an fp8 KV cache), CUDA-graph
+    range, eager mode and the speculative plan."""
+    act_bytes = _act_bytes(cfg)
     kv_elem = 1.0 if cfg.kv_fp8 else act_bytes
-    cost = CostModel(
+    return CostModel(
         m,
         hw,
-        tp=tp,
+        tp=cfg.tensor_parallel_size,
         quant=quant,
         weight_only_dequant=_weight_only_dequant(),
         act_bytes=act_bytes,
@@ -324,6 +412,65 @@ def launch(
         eager=cfg.enforce_eager,
         spec=spec,
     )
+
+
+# --- memory plan (per GPU) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuMemory:
+    """One GPU's memory as vLLM sees it at start-up, in bytes."""
+
+    total: float
+    utilization: float
+    wanted: float
+    """vLLM's share: ``gpu_memory_utilization x total``."""
+    free_at_start: float
+    """What the CUDA context leaves."""
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoryPlan:
+    """Where one GPU's memory went: the weights and the KV cache's blocks."""
+
+    weight_bytes_per_gpu: float
+    num_blocks: int
+    block_size: int
+    capacity_tokens: int
+    kv_cache_bytes_per_gpu: float
+
+
+def _plan_memory(
+    m: ModelProfile,
+    hw: HardwareProfile,
+    cfg: ResolvedConfig,
+    quant: QuantizationProfile,
+    cost: CostModel,
+) -> _MemoryPlan:
+    """Per GPU: vLLM's share must be free, the weights must load, the activation peak is
+    reserved, the rest (or ``kv_cache_memory_bytes``) is KV cache, CUDA graphs need room
+    outside the share, and the cache must hold one ``max_model_len`` sequence."""
+    gpu = _gpu_memory(hw, cfg)
+    w_gpu = cost.memory.weight_bytes_per_gpu
+    _check_weights_fit(m, cfg, quant, gpu, w_gpu)
+    act_reserve = _activation_reserve(m, hw, cfg)
+    kv_bytes = _kv_cache_bytes(cfg, gpu, w_gpu, act_reserve)
+    _check_graph_pool(cfg, gpu)
+    per_token = cost.memory.kv_bytes_per_token_per_gpu
+    block = cfg.block_size
+    num_blocks = _kv_blocks(cfg, kv_bytes, per_token)
+    return _MemoryPlan(
+        weight_bytes_per_gpu=w_gpu,
+        num_blocks=num_blocks,
+        block_size=block,
+        capacity_tokens=num_blocks * block,
+        kv_cache_bytes_per_gpu=num_blocks * block * per_token,
+    )
+
+
+def _gpu_memory(hw: HardwareProfile, cfg: ResolvedConfig) -> _GpuMemory:
+    """vLLM's share of the GPU, which must be free beside the CUDA context
+    (:data:`CUDA_CONTEXT_GIB`) or the engine refuses to start."""
     mem = hw.memory_gib * GIB
     util = cfg.gpu_memory_utilization
     wanted = util * mem
@@ -334,9 +481,21 @@ def launch(
             f"startup is less than desired GPU memory utilization ({util}, {_gib(wanted)} GiB). "
             "Decrease GPU memory utilization or reduce GPU memory used by other processes."
         )
-    w_gpu = cost.memory.weight_bytes_per_gpu
-    if w_gpu > free_at_start:
-        # Loading stops at the first weight tensor that no longer fits (an MLP projection).
+    return _GpuMemory(total=mem, utilization=util, wanted=wanted, free_at_start=free_at_start)
+
+
+def _check_weights_fit(
+    m: ModelProfile,
+    cfg: ResolvedConfig,
+    quant: QuantizationProfile,
+    gpu: _GpuMemory,
+    w_gpu: float,
+) -> None:
+    """The weight shard must fit the free memory; loading stops at the first weight tensor
+    that no longer fits (an MLP projection), which names the allocation in the error."""
+    if w_gpu > gpu.free_at_start:
+        tp = cfg.tensor_parallel_size
+        mem, free_at_start = gpu.total, gpu.free_at_start
         tensor = m.intermediate_size * m.hidden_size * quant.bytes_per_param / tp
         left = free_at_start - (free_at_start // tensor) * tensor
         raise LaunchError(
@@ -346,39 +505,67 @@ def launch(
             f"use. (loading {m.hf_name}: {_gib(w_gpu)} GiB of weights per GPU at "
             f"tensor_parallel_size={tp}; the model does not fit)"
         )
-    act_per_token = ACT_BYTES_PER_TOKEN_FACTOR * (m.intermediate_size + m.hidden_size) * act_bytes
-    act_reserve = max(
+
+
+def _activation_reserve(m: ModelProfile, hw: HardwareProfile, cfg: ResolvedConfig) -> float:
+    """The activation peak of a ``max_num_batched_tokens`` step: the profile's reserve at
+    :data:`REFERENCE_BUDGET` tokens, moved by the intermediate activations of the budget's
+    difference from it, never below :data:`MIN_RESERVE_FRACTION` of the profile's."""
+    act_per_token = (
+        ACT_BYTES_PER_TOKEN_FACTOR * (m.intermediate_size + m.hidden_size) * _act_bytes(cfg)
+    )
+    return max(
         hw.activation_reserve_gib * GIB
-        + (cfg.max_num_batched_tokens - REFERENCE_BUDGET) * act_per_token / tp,
+        + (cfg.max_num_batched_tokens - REFERENCE_BUDGET)
+        * act_per_token
+        / cfg.tensor_parallel_size,
         MIN_RESERVE_FRACTION * hw.activation_reserve_gib * GIB,
     )
+
+
+def _kv_cache_bytes(
+    cfg: ResolvedConfig, gpu: _GpuMemory, w_gpu: float, act_reserve: float
+) -> float:
+    """KV-cache bytes per GPU: ``kv_cache_memory_bytes`` if set (it must fit beside the
+    weights and activations), else what is left of vLLM's share (it must be positive)."""
     if cfg.kv_cache_memory_bytes is not None:
         kv_bytes = float(cfg.kv_cache_memory_bytes)
-        if w_gpu + act_reserve + kv_bytes > free_at_start:
+        if w_gpu + act_reserve + kv_bytes > gpu.free_at_start:
             raise LaunchError(
                 f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                f"{_mib(kv_bytes)} MiB. GPU 0 has a total capacity of {_gib(mem)} GiB of which "
-                f"{_mib(max(free_at_start - w_gpu - act_reserve, 0.0))} MiB is free. "
+                f"{_mib(kv_bytes)} MiB. GPU 0 has a total capacity of {_gib(gpu.total)} GiB of "
+                f"which {_mib(max(gpu.free_at_start - w_gpu - act_reserve, 0.0))} MiB is free. "
                 f"(kv_cache_memory_bytes={cfg.kv_cache_memory_bytes} does not fit beside the "
                 "weights and activations)"
             )
-    else:
-        kv_bytes = wanted - w_gpu - act_reserve
-        if kv_bytes <= 0:
-            raise LaunchError(
-                "ValueError: No available memory for the cache blocks. Try increasing "
-                "`gpu_memory_utilization` when initializing the engine."
-            )
-    graph_room = free_at_start - CUDA_GRAPH_POOL_GIB * GIB
-    if not cfg.enforce_eager and cfg.kv_cache_memory_bytes is None and wanted > graph_room:
+        return kv_bytes
+    kv_bytes = gpu.wanted - w_gpu - act_reserve
+    if kv_bytes <= 0:
+        raise LaunchError(
+            "ValueError: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine."
+        )
+    return kv_bytes
+
+
+def _check_graph_pool(cfg: ResolvedConfig, gpu: _GpuMemory) -> None:
+    """CUDA-graph capture allocates :data:`CUDA_GRAPH_POOL_GIB` outside vLLM's share: a share
+    that leaves room for the context but not the graphs fails during capture (not in eager
+    mode, nor with an explicit ``kv_cache_memory_bytes``)."""
+    graph_room = gpu.free_at_start - CUDA_GRAPH_POOL_GIB * GIB
+    if not cfg.enforce_eager and cfg.kv_cache_memory_bytes is None and gpu.wanted > graph_room:
         raise LaunchError(
             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-            f"{_mib(CUDA_GRAPH_POOL_GIB * GIB)} MiB. GPU 0 has a total capacity of {_gib(mem)} "
-            f"GiB of which {_mib(free_at_start - wanted)} MiB is free. (during CUDA graph "
-            f"capture: gpu_memory_utilization={util} leaves too little memory outside vLLM's "
-            "share)"
+            f"{_mib(CUDA_GRAPH_POOL_GIB * GIB)} MiB. GPU 0 has a total capacity of "
+            f"{_gib(gpu.total)} GiB of which {_mib(gpu.free_at_start - gpu.wanted)} MiB is "
+            f"free. (during CUDA graph capture: gpu_memory_utilization={gpu.utilization} "
+            "leaves too little memory outside vLLM's share)"
         )
-    per_token = cost.memory.kv_bytes_per_token_per_gpu
+
+
+def _kv_blocks(cfg: ResolvedConfig, kv_bytes: float, per_token: float) -> int:
+    """Whole KV blocks of ``block_size`` tokens in ``kv_bytes``; there must be some, and
+    enough for one sequence of ``max_model_len`` tokens."""
     block = cfg.block_size
     num_blocks = int(kv_bytes // (per_token * block))
     if num_blocks <= 0:
@@ -397,29 +584,25 @@ def launch(
             "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
             "engine."
         )
+    return num_blocks
 
+
+# --- start-up time and accuracy --------------------------------------------------------------
+
+
+def _startup_s(hw: HardwareProfile, cfg: ResolvedConfig, cost: CostModel) -> float:
+    """Seconds to start: the checkpoint shard at ``weight_load_gbs`` (GPUs load in parallel),
+    then torch.compile and CUDA-graph capture, both of which eager mode skips."""
     startup = cost.memory.checkpoint_bytes_per_gpu / (hw.weight_load_gbs * 1e9)
-    if not cfg.enforce_eager:  # eager mode skips torch.compile and CUDA-graph capture
+    if not cfg.enforce_eager:
         startup += hw.compile_s + hw.cuda_graph_capture_s
-    accuracy = quant.accuracy_ratio * (kv_fp8_accuracy() if cfg.kv_fp8 else 1.0)
-    return LaunchedEngine(
-        model=m,
-        hardware=hw,
-        config=cfg,
-        cost=cost,
-        quant=quant,
-        spec=spec,
-        num_gpus=tp,
-        num_blocks=num_blocks,
-        block_size=block,
-        kv_capacity_tokens=capacity,
-        kv_cache_bytes_per_gpu=num_blocks * block * per_token,
-        weight_bytes_per_gpu=w_gpu,
-        startup_s=startup,
-        accuracy_ratio=accuracy,
-        price_per_hour=hw.price_per_hour * tp,
-        workload_family=workload_family,
-    )
+    return startup
+
+
+def _accuracy_ratio(cfg: ResolvedConfig, quant: QuantizationProfile) -> float:
+    """Accuracy relative to the full-precision model: the weight format's ratio, times the fp8
+    KV cache's when it is on."""
+    return quant.accuracy_ratio * (kv_fp8_accuracy() if cfg.kv_fp8 else 1.0)
 
 
 def max_blocks_for(tokens: int, block_size: int) -> int:
