@@ -10,7 +10,8 @@ from servegym.engines.config import SpeculativeConfig
 from servegym.engines.sim.cost_model import GIB
 from servegym.engines.sim.engine import SimRun, simulate
 from servegym.engines.sim.launch import LaunchedEngine
-from servegym.workloads.model import Workload
+from servegym.workloads.model import Session, TokenArray, Turn, Workload
+from servegym.workloads.spec import ArrivalSpec, WorkloadSpec
 
 
 def _observe(
@@ -161,7 +162,59 @@ def test_event_skipping_matches_step_by_step_with_speculation() -> None:
         np.testing.assert_allclose(a.chunk_ns, b.chunk_ns, rtol=0, atol=2)
 
 
+def _agent_among_fresh_requests() -> Workload:
+    """A saturated engine's queue: one agent session of three short turns (each next turn sent
+    as soon as the previous one ends) and eight long single-turn requests, all sent at 0."""
+    rng = np.random.default_rng(0)
+
+    def tokens(n: int) -> TokenArray:
+        return rng.integers(1000, 30000, size=n, dtype=np.int32)
+
+    agent = Session(
+        id=0,
+        tokens=tokens(300),
+        turns=[Turn(100, 10, arrival_s=0.0), Turn(200, 10), Turn(300, 10)],
+    )
+    fresh = [
+        Session(id=i, tokens=tokens(100), turns=[Turn(100, 200, arrival_s=0.0)])
+        for i in range(1, 9)
+    ]
+    spec = WorkloadSpec(name="test", num_requests=9, arrival=ArrivalSpec(kind="offline"))
+    return Workload(spec=spec, seed=0, sessions=[agent, *fresh])
+
+
+def _later_turns_and_queued_fresh(policy: str) -> tuple[list[int], list[int]]:
+    """First-token times of the agent's later turns, and of the fresh requests that had to
+    queue (not admitted with the agent's first turn), with ``max_num_seqs=2``."""
+    wl = _agent_among_fresh_requests()
+    sim = run(engine(scheduling_policy=policy, max_num_seqs=2), wl)
+    _check_records(sim, wl)
+    first: dict[tuple[int, int], int] = {}
+    for r in sim.records:
+        assert r.first_token_ns is not None
+        first[(r.session_id, r.turn_index)] = r.first_token_ns
+    later = [first[(0, k)] for k in (1, 2)]
+    queued = [t for (s, _), t in first.items() if s != 0 and t > first[(0, 0)]]
+    assert len(queued) == 7  # one fresh request started beside the agent's first turn
+    return later, queued
+
+
 def test_priority_policy_runs_later_turns_first() -> None:
+    """Under ``priority`` the agent's later turns jump the queue of fresh requests that
+    arrived before them."""
+    later, queued = _later_turns_and_queued_fresh("priority")
+    assert max(later) < min(queued)
+
+
+def test_fcfs_policy_runs_later_turns_after_the_queue() -> None:
+    """Under ``fcfs`` the same later turns wait behind every fresh request that arrived
+    before them: the opposite order, so the priority test above measures the policy."""
+    later, queued = _later_turns_and_queued_fresh("fcfs")
+    assert min(later) > max(queued)
+
+
+def test_priority_policy_completes_an_agentic_workload() -> None:
+    """On a shipped multi-turn workload the priority policy still completes every turn."""
     wl = workload("agentic", requests=3)
     eng = engine(scheduling_policy="priority", family="agentic", max_num_seqs=2)
     sim = run(eng, wl)
