@@ -721,15 +721,32 @@ class Scheduler:
     # --- one step (general path) ----------------------------------------------------------
 
     def _step(self) -> bool:
-        """Schedule and run one step; False when nothing could be scheduled."""
-        B = self.B
+        """Schedule and run one step; False when nothing could be scheduled.
+
+        vLLM v1's order: the running decodes, then the running prefills, then (unless
+        making room preempted someone) waiting requests, until the token budget is spent.
+        """
         s = self.step
+        m, gap, preempted = self._schedule_decodes(s)
+        budget = self.budget - m * self.bt
+        chunks: list[tuple[int, int, int]] = []
+        m, budget, preempted_for_prefill = self._schedule_prefills(m, budget, chunks)
+        preempted = preempted or preempted_for_prefill
+        if not preempted and budget > 0:
+            self._schedule_waiting(budget, chunks)
+        if m == 0 and not chunks:
+            return False
+        completes = self._run_step(s, m, chunks)
+        self._emit_outputs(s, m, gap, chunks, completes)
+        return True
+
+    def _schedule_decodes(self, s: int) -> tuple[int, bool, bool]:
+        """Step phase 1, the decoding requests: returns how many run (the first ``m`` of the
+        decode set), whether the budget left a gap (not all of them fit), and whether making
+        room for their next tokens' blocks preempted anyone."""
         budget = self.budget
         bt = self.bt
         preempted = False
-        ncomp, nblk = self.ncomp, self.nblk
-
-        # 1. Decoding requests.
         m = len(self.dec)
         gap = m * bt > budget
         if gap:
@@ -743,10 +760,19 @@ class Scheduler:
                 self._preempt(self._victim())
                 preempted = True
                 m = len(self.dec)
-        budget -= m * bt
+        return m, gap, preempted
 
-        # 2. Running requests still in prefill, in admission order.
-        chunks: list[tuple[int, int, int]] = []
+    def _schedule_prefills(
+        self, m: int, budget: int, chunks: list[tuple[int, int, int]]
+    ) -> tuple[int, int, bool]:
+        """Step phase 2, running requests still in prefill, in admission order: each gets
+        its next chunk (appended to ``chunks`` as (request, computed, chunk)) and the blocks
+        for it, preempting as needed, until the budget is spent or the request itself is the
+        victim. Returns the decodes still running (a victim may be one of the first ``m``),
+        the budget left and whether anything was preempted."""
+        B = self.B
+        ncomp, nblk = self.ncomp, self.nblk
+        preempted = False
         for r in list(self.pf):
             if budget <= 0:
                 break
@@ -776,43 +802,48 @@ class Scheduler:
             self._register(r, c // B, min(c + q, self.Pl[r]) // B)
             chunks.append((r, c, q))
             budget -= q
+        return m, budget, preempted
 
-        # 3. Waiting requests (not after a preemption).
-        if not preempted and budget > 0:
-            skipped: list[int] = []
-            prio = self.policy_priority
-            while (self.wheap if prio else self.waiting) and budget > 0:
-                if len(self.dec) + len(self.pf) >= self.max_seqs:
-                    break
-                r = self.wheap[0][1] if prio else self.waiting[0]
-                plan = self._plan(r, budget)
-                if plan is None:
-                    if prio:
-                        heapq.heappop(self.wheap)
-                    else:
-                        self.waiting.popleft()
-                    skipped.append(r)
-                    continue
-                hits, q, need = plan
-                if not self._fits(hits, need):
-                    break
+    def _schedule_waiting(self, budget: int, chunks: list[tuple[int, int, int]]) -> None:
+        """Step phase 3, waiting requests in policy order: admit the queue's head while a
+        sequence slot, the budget and its blocks allow (appending its first chunk to
+        ``chunks``); with chunked prefill off, a head whose prompt does not fit the budget
+        is skipped for this step and keeps its place."""
+        ncomp = self.ncomp
+        skipped: list[int] = []
+        prio = self.policy_priority
+        while (self.wheap if prio else self.waiting) and budget > 0:
+            if len(self.dec) + len(self.pf) >= self.max_seqs:
+                break
+            r = self.wheap[0][1] if prio else self.waiting[0]
+            plan = self._plan(r, budget)
+            if plan is None:
                 if prio:
                     heapq.heappop(self.wheap)
                 else:
                     self.waiting.popleft()
-                self._admit(r, hits, q, need)
-                chunks.append((r, ncomp[r], q))
-                budget -= q
-            for r in reversed(skipped):
-                if prio:
-                    heapq.heappush(self.wheap, (int(self.wkey[r]), r))
-                else:
-                    self.waiting.appendleft(r)
+                skipped.append(r)
+                continue
+            hits, q, need = plan
+            if not self._fits(hits, need):
+                break
+            if prio:
+                heapq.heappop(self.wheap)
+            else:
+                self.waiting.popleft()
+            self._admit(r, hits, q, need)
+            chunks.append((r, ncomp[r], q))
+            budget -= q
+        for r in reversed(skipped):
+            if prio:
+                heapq.heappush(self.wheap, (int(self.wkey[r]), r))
+            else:
+                self.waiting.appendleft(r)
 
-        if m == 0 and not chunks:
-            return False
-
-        # 4. Price the step.
+    def _run_step(self, s: int, m: int, chunks: list[tuple[int, int, int]]) -> list[bool]:
+        """Step phase 4: price the step (``m`` decodes and the prefill ``chunks``) with the
+        cost model and the noise, advance the clock and the statistics; returns, per chunk,
+        whether it completes its prompt (and so samples a token)."""
         vc = self.vc
         n_all = len(self.dec)
         if m == n_all:
@@ -832,7 +863,7 @@ class Scheduler:
             completes.append(done)
             if done:
                 logits += 1.0
-        tok_int = m * bt + ptoks
+        tok_int = m * self.bt + ptoks
         if self.observer is not None:
             self.observer(1, n_all + len(self.pf), m + len(chunks), tok_int)
         dt = self.cost.step_time(
@@ -855,8 +886,20 @@ class Scheduler:
         self.sum_batch += m + len(chunks)
         self.sum_tokens += tok_int
         self.prompt_tokens_computed += ptoks
+        return completes
 
-        # 5. Outputs.
+    def _emit_outputs(
+        self,
+        s: int,
+        m: int,
+        gap: bool,
+        chunks: list[tuple[int, int, int]],
+        completes: list[bool],
+    ) -> None:
+        """Step phase 5, outputs: the decodes advance (finishing those at their length); a
+        chunk that completed its prompt samples its first token and joins the decode set,
+        or finishes if that was its only token."""
+        ncomp, nblk = self.ncomp, self.nblk
         if m:
             d = self._D(s)
             if gap or self._gap:
@@ -885,7 +928,6 @@ class Scheduler:
             self._dec_join(joined)
         for r in done_pf:
             self._finish(r, s, nblk[r])
-        return True
 
     # --- the rare path: the budget does not cover every decoding request -------------------
 
