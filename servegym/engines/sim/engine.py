@@ -303,6 +303,8 @@ def _simulate(
     event_skipping: bool,
     observer: Callable[[int, int, int, int], None] | None,
 ) -> SimRun:
+    """Run the warm-up phase, then the measured phase (counting what the engine did in it),
+    then build the records and the run's figures."""
     wall0 = time.perf_counter()
     seed = workload.seed if noise_seed is None else noise_seed
     nz = Noise(seed, enabled=noise)
@@ -320,23 +322,59 @@ def _simulate(
     after = _counters(sched)
 
     records = _records(sim, w)
+    duration = _measured_duration(records)
+    stopped = _stopped_early(sim, measured, w, spec_duration)
+    stats = _stats(sim, nz, seed if noise else None, before, after, wall0)
+    return SimRun(
+        records=records,
+        stats=stats,
+        startup_s=stats.startup_s,
+        duration_s=duration,
+        stopped_early=stopped,
+        server_metrics_delta=_server_metrics_delta(before, after),
+    )
+
+
+def _measured_duration(records: list[RequestRecord]) -> float:
+    """Virtual seconds from the first measured send to the last measured end (a failed
+    request's end when it has no completion), as the load generator measures it."""
     meas = [r for r in records if not r.warmup]
     sent = [r.sent_ns for r in meas if r.sent_ns is not None]
     ends = [e for r in meas if (e := r.done_ns if r.error is None else r.end_ns) is not None]
-    duration = max((max(ends) - min(sent)) / NS, 0.0) if sent and ends else 0.0
-    stopped = None
-    if measured.hit_stop:
-        total = int(sim.turn_start[-1] - sim.turn_start[w])
-        stopped = (
-            f"duration_s {spec_duration:g} reached: {total - measured.unsent} of {total} "
-            "measured requests sent"
-        )
+    return max((max(ends) - min(sent)) / NS, 0.0) if sent and ends else 0.0
+
+
+def _stopped_early(
+    sim: _Simulation, measured: _Phase, warmup_sessions: int, spec_duration: float | None
+) -> str | None:
+    """Why the measured phase stopped sending before its last request, if it did."""
+    if not measured.hit_stop:
+        return None
+    total = int(sim.turn_start[-1] - sim.turn_start[warmup_sessions])
+    return (
+        f"duration_s {spec_duration:g} reached: {total - measured.unsent} of {total} "
+        "measured requests sent"
+    )
+
+
+def _stats(
+    sim: _Simulation,
+    nz: Noise,
+    noise_seed: int | None,
+    before: dict[str, int],
+    after: dict[str, int],
+    wall0: float,
+) -> SimStats:
+    """The engine-side figures of the run: the launch's memory plan, the scheduler's
+    counters (whole run; preemptions also for the measured phase alone), the speculative
+    plan and what the simulator ignored."""
+    engine = sim.engine
+    sched = sim.scheduler
     cache = sched.cache
     queries = cache.queried_tokens if cache is not None else 0
     hits = cache.hit_tokens if cache is not None else 0
     steps = sched.step
-    spec = engine.spec
-    stats = SimStats(
+    return SimStats(
         model=engine.model.id,
         hardware=engine.hardware.id,
         num_gpus=engine.num_gpus,
@@ -362,36 +400,39 @@ def _simulate(
         generated_tokens=sched.generated_tokens,
         rejected_requests=int(sim.rejected.sum()),
         accuracy_ratio=engine.accuracy_ratio,
-        speculative=None
-        if spec is None
-        else {
-            "method": spec.method,
-            "num_speculative_tokens": spec.k,
-            "acceptance_rate": spec.rate,
-            "match_rate": spec.match_rate,
-            "mean_tokens_per_step": spec.tokens_per_step,
-            "source": spec.source,
-        },
-        noise_seed=seed if noise else None,
+        speculative=_speculative_stats(engine),
+        noise_seed=noise_seed,
         notes=_notes(engine),
         wall_s=time.perf_counter() - wall0,
     )
+
+
+def _speculative_stats(engine: LaunchedEngine) -> dict[str, object] | None:
+    """The speculative plan as ``sim.json`` reports it (None when speculation is off)."""
+    spec = engine.spec
+    if spec is None:
+        return None
+    return {
+        "method": spec.method,
+        "num_speculative_tokens": spec.k,
+        "acceptance_rate": spec.rate,
+        "match_rate": spec.match_rate,
+        "mean_tokens_per_step": spec.tokens_per_step,
+        "source": spec.source,
+    }
+
+
+def _server_metrics_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """The measured phase's counters under the names of vLLM's Prometheus metrics, as the
+    HTTP target reads them from ``/metrics`` before and after its run."""
     delta = {k: float(after[k] - before[k]) for k in after}
-    server_metrics = {
+    return {
         "vllm:num_preemptions_total": delta["preemptions"],
         "vllm:prefix_cache_queries_total": delta["queries"],
         "vllm:prefix_cache_hits_total": delta["hits"],
         "vllm:prompt_tokens_total": delta["prompt_tokens"],
         "vllm:generation_tokens_total": delta["generated"],
     }
-    return SimRun(
-        records=records,
-        stats=stats,
-        startup_s=stats.startup_s,
-        duration_s=duration,
-        stopped_early=stopped,
-        server_metrics_delta=server_metrics,
-    )
 
 
 def _notes(engine: LaunchedEngine) -> list[str]:
