@@ -490,20 +490,9 @@ def _records(sim: _Simulation, warmup_sessions: int) -> list[RequestRecord]:
     """
     sched = sim.scheduler
     n = len(sim.P)
-    t_list: list[int] = np.rint(sched.T[: sched.step] * NS).astype(np.int64).tolist()
-    spec = sched.spec
-    d_list: list[int] = []
-    if spec:
-        e = sched.E
-        s = np.arange(sched.step + 1, dtype=np.float64)
-        d_list = np.diff(np.floor(s * e)).astype(np.int64).tolist()
-
-    # Emission intervals of each request, in time order.
-    ivs: dict[int, list[tuple[int, int, bool]]] = {}
-    for r, lo, hi, pf in sorted(
-        zip(sched.iv_r, sched.iv_lo, sched.iv_hi, sched.iv_pf, strict=True)
-    ):
-        ivs.setdefault(r, []).append((lo, hi, pf))
+    t_list = _step_end_ns(sched)
+    d_list = _tokens_per_step(sched) if sched.spec else None
+    ivs = _emission_intervals(sched)
 
     sent_ns = np.rint(sim.sent_t * NS).tolist()
     session_ids = [s.id for s in sim.workload.sessions]
@@ -539,58 +528,101 @@ def _records(sim: _Simulation, warmup_sessions: int) -> list[RequestRecord]:
             "output_token_ids": None,
         }
         if rejected[r]:
-            base.update(
-                first_token_ns=None,
-                done_ns=None,
-                end_ns=sent,
-                chunk_ns=[],
-                chunk_tokens=[],
-                usage_prompt_tokens=None,
-                usage_completion_tokens=None,
-                output_tokens=0,
-                recount_source="none",
-                http_status=400,
-                error=(
-                    f"HTTP 400: This model's maximum context length is {max_len} "
-                    f"tokens. However, you requested {p + o} tokens ({p} in the "
-                    f"messages, {o} in the completion). Please reduce the length of "
-                    "the messages or completion."
-                ),
-            )
-            out.append(_record(base))
-            continue
-        parts = ivs[r]
-        if len(parts) == 1:
-            lo, hi, pf = parts[0]
-            chunk_ns = t_list[lo:hi]
+            _add_rejected_fields(base, sent, p, o, max_len)
         else:
-            chunk_ns = []
-            for lo, hi, _ in parts:
-                chunk_ns += t_list[lo:hi]
-        if spec:
-            chunk_tokens: list[int] = []
-            for lo, hi, pf in parts:
-                piece = d_list[lo:hi]
-                if pf:
-                    piece[0] = 1
-                chunk_tokens += piece
-            chunk_tokens[-1] -= sum(chunk_tokens) - o
-        else:
-            chunk_tokens = [1] * len(chunk_ns)
-        last = chunk_ns[-1]
-        base.update(
-            first_token_ns=chunk_ns[0],
-            done_ns=last,
-            end_ns=last,
-            chunk_ns=chunk_ns,
-            chunk_tokens=chunk_tokens,
-            usage_prompt_tokens=p,
-            usage_completion_tokens=o,
-            output_tokens=o,
-            recount_source="token_ids",
-            http_status=200,
-            error=None,
-        )
+            _add_served_fields(base, ivs[r], t_list, d_list, p, o)
         out.append(_record(base))
     out.sort(key=lambda rec: (not rec.warmup, rec.scheduled_ns, rec.session_id, rec.turn_index))
     return out
+
+
+def _step_end_ns(sched: Scheduler) -> list[int]:
+    """Each step's end, in integer virtual nanoseconds (one Python int per step)."""
+    ns: list[int] = np.rint(sched.T[: sched.step] * NS).astype(np.int64).tolist()
+    return ns
+
+
+def _tokens_per_step(sched: Scheduler) -> list[int]:
+    """Tokens each decoding request yields per step under speculation: the expected
+    ``tokens_per_step`` spread over steps as whole tokens (floor of the running sum)."""
+    e = sched.E
+    s = np.arange(sched.step + 1, dtype=np.float64)
+    tokens: list[int] = np.diff(np.floor(s * e)).astype(np.int64).tolist()
+    return tokens
+
+
+def _emission_intervals(sched: Scheduler) -> dict[int, list[tuple[int, int, bool]]]:
+    """Per request, its emission intervals in time order: steps ``[lo, hi)`` in which it
+    yielded tokens, and whether the first of them ended a prefill (one token)."""
+    ivs: dict[int, list[tuple[int, int, bool]]] = {}
+    for r, lo, hi, pf in sorted(
+        zip(sched.iv_r, sched.iv_lo, sched.iv_hi, sched.iv_pf, strict=True)
+    ):
+        ivs.setdefault(r, []).append((lo, hi, pf))
+    return ivs
+
+
+def _add_rejected_fields(base: dict[str, object], sent: int, p: int, o: int, max_len: int) -> None:
+    """A request refused on arrival: no tokens, HTTP 400 with vLLM's context-length text."""
+    base.update(
+        first_token_ns=None,
+        done_ns=None,
+        end_ns=sent,
+        chunk_ns=[],
+        chunk_tokens=[],
+        usage_prompt_tokens=None,
+        usage_completion_tokens=None,
+        output_tokens=0,
+        recount_source="none",
+        http_status=400,
+        error=(
+            f"HTTP 400: This model's maximum context length is {max_len} "
+            f"tokens. However, you requested {p + o} tokens ({p} in the "
+            f"messages, {o} in the completion). Please reduce the length of "
+            "the messages or completion."
+        ),
+    )
+
+
+def _add_served_fields(
+    base: dict[str, object],
+    parts: list[tuple[int, int, bool]],
+    t_list: list[int],
+    d_list: list[int] | None,
+    p: int,
+    o: int,
+) -> None:
+    """A served request: one chunk per step of its emission intervals (``parts``), of one
+    token each, or under speculation the step's ``d_list`` tokens (one for the step that
+    ended its prefill; the last chunk trimmed to the forced length)."""
+    if len(parts) == 1:
+        lo, hi, pf = parts[0]
+        chunk_ns = t_list[lo:hi]
+    else:
+        chunk_ns = []
+        for lo, hi, _ in parts:
+            chunk_ns += t_list[lo:hi]
+    if d_list is not None:
+        chunk_tokens: list[int] = []
+        for lo, hi, pf in parts:
+            piece = d_list[lo:hi]
+            if pf:
+                piece[0] = 1
+            chunk_tokens += piece
+        chunk_tokens[-1] -= sum(chunk_tokens) - o
+    else:
+        chunk_tokens = [1] * len(chunk_ns)
+    last = chunk_ns[-1]
+    base.update(
+        first_token_ns=chunk_ns[0],
+        done_ns=last,
+        end_ns=last,
+        chunk_ns=chunk_ns,
+        chunk_tokens=chunk_tokens,
+        usage_prompt_tokens=p,
+        usage_completion_tokens=o,
+        output_tokens=o,
+        recount_source="token_ids",
+        http_status=200,
+        error=None,
+    )
