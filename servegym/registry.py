@@ -122,6 +122,9 @@ class Registry(Generic[T]):
         self.kind_label = kind_label or f"a {kind} class"
         self._entries: dict[str, T] = {}
 
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r})"
+
     # --- registering ----------------------------------------------------------------------
 
     def register(self, name: str) -> Callable[[T], T]:
