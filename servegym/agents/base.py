@@ -3,7 +3,9 @@
 An agent gets a :class:`TaskEnvironment` and acts only through it: it reads the task
 (``describe``), runs experiments (each charged to the budget), and submits a config. The
 environment logs every experiment; when the budget runs out, the last submission stands.
-A new agent is one class plus one :func:`register_agent` call.
+A new agent is one class: named ``--agent package.module:Class``, declared as a
+``servegym.agents`` entry point by an installed package, or registered here with one
+:func:`register_agent` call (see :data:`AGENTS` and :mod:`servegym.registry`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ An engine turns a :class:`~servegym.engines.config.ServingConfig` into the comma
 environment of one server process (:class:`LaunchSpec`), after checking the config against
 its :class:`~servegym.engines.capabilities.CapabilityTable`. Starting, watching and stopping
 that process is :mod:`servegym.engines.process`'s job; running it in a container is the
-sandbox's. A new engine is one :class:`Engine` subclass plus one :func:`register_engine`.
+sandbox's. A new engine is one :class:`Engine` subclass plus one :func:`register_engine` (or
+a ``servegym.engines`` entry point of an installed package: :mod:`servegym.registry`). The
+class also declares its facts: its tracks, its ``/metrics`` names (:class:`EngineMetrics`)
+and its search space.
 """
 
 from __future__ import annotations
