@@ -172,7 +172,7 @@ def _registered() -> Iterator[None]:
         register_agent(name)(cls)
     yield
     for name in TEST_AGENTS:
-        agents_base._AGENTS.pop(name, None)
+        agents_base.AGENTS.unregister(name)
 
 
 def trial(agent: str, out: Path, task: str = "tiny-throughput", seed: int = 0) -> TrialResult:

@@ -95,12 +95,58 @@ def test_sglang_prefix() -> None:
         "sglang:time_to_first_token_seconds_sum": 2.0,
         "sglang:time_to_first_token_seconds_count": 10.0,
     }
-    gauges = {"sglang:num_requests_running": 7.0}
+    gauges = {"sglang:num_running_reqs": 7.0}  # SGLang's name (its engine declares it)
     f = server_figures(delta, gauges, 230.0, 10)
     assert f is not None and f.engine == "sglang"
     assert f.prompt_tokens == 100.0 and f.ttft_mean_ms == pytest.approx(200.0)
     assert f.running_peak == 7.0
     assert f.ttft_check is not None and f.ttft_check.consistent
+
+
+def _renamed(values: dict[str, float], names: dict[str, str]) -> dict[str, float]:
+    """``values`` with each sample's metric name replaced by ``names[name]``."""
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        name, brace, labels = key.partition("{")
+        if name in names:
+            out[names[name] + brace + labels] = value
+    return out
+
+
+def test_sglang_names_map_to_the_same_figures() -> None:
+    """The names SGLang's engine declares give the figures vLLM's give for the same run."""
+    from servegym.engines.base import get_engine
+
+    vllm, sglang = get_engine("vllm").metrics, get_engine("sglang").metrics
+    assert vllm is not None and sglang is not None
+    assert get_engine("vllm-cpu").metrics == vllm
+    fields = [
+        "requests",
+        "generation_tokens",
+        "prefix_cache_hits",
+        "preemptions",
+        "kv_cache_usage",
+        "running",
+        "waiting",
+    ]
+    to_sglang = {getattr(vllm, f): getattr(sglang, f) for f in fields}
+    for hist in ("queue_time", "ttft"):
+        for part in ("_sum", "_count"):
+            to_sglang[getattr(vllm, hist) + part] = getattr(sglang, hist) + part
+    # SGLang counts no prefix-cache lookups: its prompt tokens are the queries
+    to_sglang["vllm:prompt_tokens_total"] = "sglang:prompt_tokens_total"
+    delta = {k: v for k, v in VLLM_DELTA.items() if "prefix_cache_queries" not in k}
+    expected = server_figures(VLLM_DELTA, GAUGES, client_ttft_mean_ms=120.0, client_count=40)
+    f = server_figures(
+        _renamed(delta, to_sglang), _renamed(GAUGES, to_sglang), 120.0, client_count=40
+    )
+    assert f is not None and expected is not None and f.engine == "sglang"
+    assert f.model_dump(exclude={"engine"}) == expected.model_dump(exclude={"engine"})
+    assert set(sglang.gauges()) == {
+        "sglang:token_usage",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+    }
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@
 An agent gets a :class:`TaskEnvironment` and acts only through it: it reads the task
 (``describe``), runs experiments (each charged to the budget), and submits a config. The
 environment logs every experiment; when the budget runs out, the last submission stands.
-A new agent is one class plus one :func:`register_agent` call.
+A new agent is one class: named ``--agent package.module:Class``, declared as a
+``servegym.agents`` entry point by an installed package, or registered here with one
+:func:`register_agent` call (see :data:`AGENTS` and :mod:`servegym.registry`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
+from servegym.registry import Registry
 from servegym.scoring.metrics import Metrics
 
 
@@ -216,22 +219,39 @@ class Agent(Protocol):
     def run(self, env: TaskEnvironment, seed: int) -> None: ...
 
 
-_AGENTS: dict[str, Callable[..., Agent]] = {}
+def _is_agent_factory(obj: object) -> bool:
+    """A class with a ``run`` method, or a factory function (whose product is checked)."""
+    if isinstance(obj, type):
+        return callable(getattr(obj, "run", None))
+    return callable(obj)
+
+
+AGENTS: Registry[Callable[..., Agent]] = Registry(
+    "agent",
+    group="servegym.agents",
+    builtins={
+        **dict.fromkeys(("default", "random", "tpe"), "servegym.agents.baselines"),
+        **dict.fromkeys(("anthropic", "openai", "openai-compatible"), "servegym.agents.llm.agent"),
+        **dict.fromkeys(
+            ("claude-code", "codex", "gemini-cli", "opencode"), "servegym.agents.cli.agent"
+        ),
+        "scripted": "servegym.agents.scripted",
+    },
+    flag="--agent",
+    accepts=_is_agent_factory,
+    kind_label="an agent class",
+)
+"""Every agent by name: the built-ins, ``servegym.agents`` entry points, and
+``package.module:Class`` specs (see :mod:`servegym.registry`)."""
 
 
 def register_agent(name: str) -> Callable[[Callable[..., Agent]], Callable[..., Agent]]:
     """Class decorator: make an agent constructible by ``name``."""
-
-    def deco(cls: Callable[..., Agent]) -> Callable[..., Agent]:
-        _AGENTS[name] = cls
-        return cls
-
-    return deco
+    return AGENTS.register(name)
 
 
 def agent_names() -> list[str]:
-    _load_builtins()
-    return sorted(_AGENTS)
+    return AGENTS.names()
 
 
 MODEL_AGENTS = (
@@ -246,34 +266,38 @@ MODEL_AGENTS = (
 """Agents named ``<kind>:<model>`` (an LLM behind a provider, or a coding-agent CLI on one)."""
 
 
+def _known_agents() -> list[str]:
+    return sorted(
+        [n for n in AGENTS.names() if n not in MODEL_AGENTS] + [f"{k}:MODEL" for k in MODEL_AGENTS]
+    )
+
+
 def make_agent(name: str, **kwargs: object) -> Agent:
-    """The agent called ``name``: a registered name, or ``<kind>:<model>`` for the model
-    agents (e.g. ``anthropic:claude-sonnet-4-5``). ``kwargs`` are the agent's settings."""
-    _load_builtins()
+    """The agent called ``name``, with ``kwargs`` as its settings. ``name`` is one of:
+
+    - ``<kind>:<model>`` for the model agents (:data:`MODEL_AGENTS`), e.g.
+      ``anthropic:claude-sonnet-4-5``: the kind decides, so these never import a module;
+    - a registered name (``tpe``), a built-in's or an installed plug-in's (an entry point of
+      the ``servegym.agents`` group);
+    - ``package.module:Class``: any other name with a dotted module path left of its ``:``
+      (:func:`servegym.registry.is_spec`) is imported and the class taken, so an outside
+      agent runs without being registered or installed.
+    """
     kind, sep, model = name.partition(":")
     if sep and kind in MODEL_AGENTS:
-        return _AGENTS[kind](model=model, **kwargs)
-    if name not in _AGENTS or name in MODEL_AGENTS:
-        known = sorted(
-            [n for n in _AGENTS if n not in MODEL_AGENTS] + [f"{k}:MODEL" for k in MODEL_AGENTS]
-        )
-        raise UserError(f"--agent: unknown agent '{name}' (known: {', '.join(known)})")
+        return AGENTS.get(kind)(model=model, **kwargs)
+    if name in MODEL_AGENTS:
+        raise AGENTS.unknown(name, _known_agents())
+    factory = AGENTS.get(name, known=_known_agents)
     try:
-        return _AGENTS[name](**kwargs)
-    except TypeError:
+        agent = factory(**kwargs)
+    except TypeError as e:
+        if not kwargs:  # an outside class that needs arguments: say which
+            raise UserError(f"--agent {name}: cannot be made without settings: {e}") from None
         raise UserError(
             f"--agent {name}: does not take the settings {', '.join(sorted(kwargs))} "
             "(model settings apply to the model agents)"
         ) from None
-
-
-def _load_builtins() -> None:
-    import importlib
-
-    for module in (
-        "servegym.agents.baselines",
-        "servegym.agents.llm.agent",
-        "servegym.agents.cli.agent",
-        "servegym.agents.scripted",
-    ):
-        importlib.import_module(module)
+    if not callable(getattr(agent, "run", None)):
+        raise UserError(f"--agent: '{name}' is not an agent class (it makes no agent)")
+    return agent

@@ -4,7 +4,10 @@ An engine turns a :class:`~servegym.engines.config.ServingConfig` into the comma
 environment of one server process (:class:`LaunchSpec`), after checking the config against
 its :class:`~servegym.engines.capabilities.CapabilityTable`. Starting, watching and stopping
 that process is :mod:`servegym.engines.process`'s job; running it in a container is the
-sandbox's. A new engine is one :class:`Engine` subclass plus one :func:`register_engine`.
+sandbox's. A new engine is one :class:`Engine` subclass plus one :func:`register_engine` (or
+a ``servegym.engines`` entry point of an installed package: :mod:`servegym.registry`). The
+class also declares its facts: its tracks, its ``/metrics`` names (:class:`EngineMetrics`)
+and its search space.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from servegym.engines.capabilities import CapabilityTable
 from servegym.engines.config import ServingConfig
 from servegym.engines.host import HostInfo, this_host
-from servegym.errors import UserError
+from servegym.registry import Registry
 
 
 class ModelRef(BaseModel):
@@ -71,13 +74,51 @@ class LaunchSpec(BaseModel):
         return " ".join([*prefix, *env, *(shlex.quote(a) for a in self.argv)])
 
 
+class EngineMetrics(BaseModel):
+    """The names an engine's Prometheus ``/metrics`` gives the figures ServeGym reads of a run
+    (:mod:`servegym.scoring.server_figures`): counters without labels, histograms by their
+    base name (``_sum`` and ``_count`` are added), gauges by name. ``None``: the engine does
+    not report that figure."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefix: str = Field(description="what every name starts with, e.g. 'vllm:'")
+    requests: str | None = Field(default=None, description="counter: requests finished")
+    prompt_tokens: str | None = Field(default=None, description="counter: prompt tokens")
+    generation_tokens: str | None = Field(default=None, description="counter: output tokens")
+    prefix_cache_queries: str | None = Field(
+        default=None, description="counter: prompt tokens looked up in the prefix cache"
+    )
+    prefix_cache_hits: str | None = Field(
+        default=None, description="counter: prompt tokens found in the prefix cache"
+    )
+    preemptions: str | None = Field(default=None, description="counter: requests preempted")
+    queue_time: str | None = Field(default=None, description="histogram: seconds queued")
+    ttft: str | None = Field(default=None, description="histogram: seconds to first token")
+    kv_cache_usage: str | None = Field(default=None, description="gauge: KV-cache use, 0-1")
+    running: str | None = Field(default=None, description="gauge: requests running")
+    waiting: str | None = Field(default=None, description="gauge: requests waiting")
+
+    def gauges(self) -> tuple[str, ...]:
+        """The gauges worth sampling during a run (their peaks are figures)."""
+        return tuple(g for g in (self.kv_cache_usage, self.running, self.waiting) if g)
+
+
 class Engine(ABC):
-    """A serving engine on one platform."""
+    """A serving engine on one platform. Besides how it launches, a class declares its facts:
+    the tracks it serves, the names of its server metrics and its search space."""
 
     name: str
     platform: str
     """``gpu`` or ``cpu``: where the engine runs."""
     table: CapabilityTable
+    tracks: tuple[str, ...] = ()
+    """The tracks whose tasks may name this engine."""
+    metrics: EngineMetrics | None = None
+    """Its ``/metrics`` names (``None``: it reports none ServeGym reads)."""
+    search_space: str | None = None
+    """The stem of its search space, ``agents/search_spaces/<stem>.toml`` (``None``: none
+    ships; the search baselines then cannot tune it)."""
 
     def check(self, config: ServingConfig, host: HostInfo | None = None) -> None:
         """Raise :class:`~servegym.engines.capabilities.ConfigRejected` for a config this
@@ -156,39 +197,60 @@ def find_program(name: str, preferred: Path | None = None) -> str:
     return shutil.which(name) or name
 
 
-_ENGINES: dict[str, Callable[[], Engine]] = {}
-_BUILTIN_MODULES = {
-    "vllm": "servegym.engines.vllm",
-    "vllm-cpu": "servegym.engines.vllm",
-    "sglang": "servegym.engines.sglang",
-}
+def _is_engine_class(obj: object) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Engine)
+
+
+ENGINES: Registry[type[Engine]] = Registry(
+    "engine",
+    group="servegym.engines",
+    builtins={
+        "vllm": "servegym.engines.vllm",
+        "vllm-cpu": "servegym.engines.vllm",
+        "sglang": "servegym.engines.sglang",
+    },
+    accepts=_is_engine_class,
+    kind_label="an Engine subclass",
+)
+"""Every engine by name: the built-ins, ``servegym.engines`` entry points, and
+``package.module:Class`` specs (see :mod:`servegym.registry`)."""
 
 
 def register_engine(name: str) -> Callable[[type[Engine]], type[Engine]]:
-    """Class decorator: make an engine available by ``name``."""
+    """Class decorator: make an engine available by ``name`` (which it takes as its own)."""
 
     def deco(cls: type[Engine]) -> type[Engine]:
         cls.name = name
-        _ENGINES[name] = cls
-        return cls
+        return ENGINES.register(name)(cls)
 
     return deco
 
 
 def engine_names() -> list[str]:
-    import importlib
-
-    for module in set(_BUILTIN_MODULES.values()):
-        importlib.import_module(module)
-    return sorted(_ENGINES)
+    return ENGINES.names()
 
 
 def get_engine(name: str) -> Engine:
     """The engine called ``name``; a clear error naming the known ones otherwise."""
-    if name not in _ENGINES and name in _BUILTIN_MODULES:
-        import importlib
+    cls = ENGINES.get(name)
+    engine = cls()
+    if "name" not in vars(cls):  # a plug-in's class, found without register_engine
+        engine.name = name
+    return engine
 
-        importlib.import_module(_BUILTIN_MODULES[name])
-    if name not in _ENGINES:
-        raise UserError(f"unknown engine '{name}' (known: {', '.join(engine_names())})")
-    return _ENGINES[name]()
+
+def engine_metric_names() -> list[EngineMetrics]:
+    """The distinct metric names every known engine declares: the built-ins' first, in their
+    map's order (vLLM's before SGLang's), then plug-ins' by name."""
+    found: list[EngineMetrics] = []
+    for name in dict.fromkeys([*ENGINES.builtins, *engine_names()]):
+        metrics = ENGINES.get(name).metrics
+        if metrics is not None and metrics not in found:
+            found.append(metrics)
+    return found
+
+
+def sampled_gauges() -> tuple[str, ...]:
+    """The gauges sampled during a run on a real server: every known engine's (a workspace's
+    launcher may start any engine, whatever the task names)."""
+    return tuple(dict.fromkeys(g for m in engine_metric_names() for g in m.gauges()))

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import BaseModel, Field
 
-from servegym.engines.base import Engine, LaunchSpec, ModelRef
+from servegym.engines.base import Engine, LaunchSpec, ModelRef, sampled_gauges
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
 from servegym.engines.process import (
@@ -275,7 +275,7 @@ async def run_watched(
 
     if (info := server.poll()) is not None:
         return _empty_result(server, workload, options, info.describe()), info
-    target = HttpTarget(server.spec.base_url, on_failure=server_died)
+    target = HttpTarget(server.spec.base_url, on_failure=server_died, gauges=sampled_gauges())
     run = asyncio.create_task(target.run(workload, options, progress))
     watch = asyncio.create_task(server.wait_exit())
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from servegym.engines.base import Engine, ModelRef, register_engine
+from servegym.engines.base import Engine, EngineMetrics, ModelRef, register_engine
 from servegym.engines.capabilities import (
     CapabilityTable,
     Rule,
@@ -75,11 +75,33 @@ def _priority_needs_flag() -> Rule:
     return Rule("scheduling_policy", violation)
 
 
+SGLANG_METRICS = EngineMetrics(
+    prefix="sglang:",
+    requests="sglang:num_requests_total",
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+    # SGLang counts the prompt tokens its radix cache served, not lookups: every prompt
+    # token is looked up, so its prompt tokens are the queries.
+    prefix_cache_queries="sglang:prompt_tokens_total",
+    prefix_cache_hits="sglang:cached_tokens_total",
+    preemptions="sglang:num_retracted_requests_total",
+    queue_time="sglang:queue_time_seconds",
+    ttft="sglang:time_to_first_token_seconds",
+    kv_cache_usage="sglang:token_usage",
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+)
+"""SGLang's ``/metrics`` names (``sglang/srt/metrics/collector.py``). SGLang serves them
+only with ``--enable-metrics``, which :meth:`SglangEngine.render_args` does not add."""
+
+
 @register_engine("sglang")
 class SglangEngine(Engine):
     """SGLang's server. Needs a CUDA GPU."""
 
     platform = "gpu"
+    tracks = ("gpu",)
+    metrics = SGLANG_METRICS
     table = CapabilityTable(
         engine="sglang",
         platform="gpu",

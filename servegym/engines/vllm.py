@@ -8,7 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from servegym.engines.base import Engine, ModelRef, find_program, register_engine
+from servegym.engines.base import (
+    Engine,
+    EngineMetrics,
+    ModelRef,
+    find_program,
+    register_engine,
+)
 from servegym.engines.capabilities import (
     CapabilityTable,
     Rule,
@@ -87,8 +93,27 @@ def _no_prequantized_only(engine: str) -> Rule:
     return Rule("quantization", violation)
 
 
+VLLM_METRICS = EngineMetrics(
+    prefix="vllm:",
+    requests="vllm:request_success_total",
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+    prefix_cache_queries="vllm:prefix_cache_queries_total",
+    prefix_cache_hits="vllm:prefix_cache_hits_total",
+    preemptions="vllm:num_preemptions_total",
+    queue_time="vllm:request_queue_time_seconds",
+    ttft="vllm:time_to_first_token_seconds",
+    kv_cache_usage="vllm:kv_cache_usage_perc",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+)
+"""vLLM's (V1 engine) ``/metrics`` names, the same in both builds."""
+
+
 class _VllmBase(Engine):
     """``vllm serve``: flags common to both builds."""
+
+    metrics = VLLM_METRICS
 
     def command(self) -> list[str]:
         return [find_program("vllm"), "serve"]
@@ -146,6 +171,7 @@ class VllmEngine(_VllmBase):
     """vLLM's CUDA build (the gpu track, in ``sandbox/vllm``)."""
 
     platform = "gpu"
+    tracks = ("gpu",)
     table = CapabilityTable(
         engine="vllm",
         platform="gpu",
@@ -259,6 +285,8 @@ class VllmCpuEngine(_VllmBase):
     """
 
     platform = "cpu"
+    tracks = ("cpu",)
+    search_space = "vllm-cpu"
     table = CapabilityTable(
         engine="vllm-cpu",
         platform="cpu",

@@ -12,7 +12,7 @@ ones (reachability, ``/metrics``) over an aiohttp session.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from time import perf_counter_ns
 from typing import Any
@@ -53,7 +53,9 @@ class HttpTarget:
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         on_failure: Callable[[int | None], Awaitable[str | None]] | None = None,
+        gauges: Sequence[str] = prom.SAMPLED_GAUGES,
     ) -> None:
+        self.gauges = tuple(gauges)
         base_url = base_url.rstrip("/")
         self.base_url = base_url[:-3] if base_url.endswith("/v1") else base_url
         self.headers = dict(headers or {})
@@ -115,7 +117,7 @@ class HttpTarget:
             if warm:
                 await run.phase(warm, warmup=True)
             before = await prom.scrape(http, self.base_url) if scrape else None
-            sampler = prom.GaugeSampler(http, self.base_url) if scrape else None
+            sampler = prom.GaugeSampler(http, self.base_url, gauges=self.gauges) if scrape else None
             if sampler is not None:
                 sampler.start()
             check.start()

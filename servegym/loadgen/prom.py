@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,17 +64,25 @@ def parse_gauges(text: str, contains: tuple[str, ...] = ()) -> dict[str, float]:
 
 
 SAMPLED_GAUGES = ("kv_cache_usage", "num_requests_running", "num_requests_waiting")
-"""Gauges worth their peak over a run: KV-cache use and the running and waiting queues."""
+"""Gauges worth their peak over a run: KV-cache use and the running and waiting queues, as
+vLLM names them; the default for a server of no known engine. A known engine's own names
+(:meth:`~servegym.engines.base.EngineMetrics.gauges`) are passed in by whoever started it."""
 
 
 class GaugeSampler:
     """Samples a few gauges of ``/metrics`` every ``interval_s`` during a run and keeps each
-    one's maximum. One small GET a second: far from the send path's precision budget."""
+    one's maximum. One small GET a second: far from the send path's precision budget.
+    ``gauges``: the gauges kept, by (part of) their names."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, interval_s: float = 1.0
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        interval_s: float = 1.0,
+        gauges: Sequence[str] = SAMPLED_GAUGES,
     ) -> None:
         self.session = session
+        self.gauges = tuple(gauges)
         self.url = base_url.rstrip("/") + "/metrics"
         self.interval_s = interval_s
         self.peaks: dict[str, float] = {}
@@ -88,9 +97,9 @@ class GaugeSampler:
             # Keep the few wanted lines before parsing: the full exposition is large, and
             # this runs on the loop that timestamps tokens.
             wanted = "\n".join(
-                line for line in text.splitlines() if any(g in line for g in SAMPLED_GAUGES)
+                line for line in text.splitlines() if any(g in line for g in self.gauges)
             )
-            gauges = parse_gauges(wanted + "\n", SAMPLED_GAUGES)
+            gauges = parse_gauges(wanted + "\n", self.gauges)
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
             return False
         for k, v in gauges.items():

@@ -1,6 +1,7 @@
 """Where a sweep's trials run: ``local`` (worker processes on this machine) or ``ray`` (Ray
 tasks on an existing cluster, or a local one). A new executor is one class plus one
-:func:`register_executor` call.
+:func:`register_executor` call (or a ``servegym.executors`` entry point, or
+``--executor package.module:Class``).
 
 Both keep the tracks' resources apart. A sim trial needs one CPU. A cpu-track trial holds
 the machine's one ``cpu_track`` slot (its servers would otherwise share the CPU with another
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from servegym.errors import UserError
+from servegym.registry import Registry
 from servegym.runner.sweep import SweepConfig, TrialSpec
 
 CPU_TRACK_RESOURCE = "cpu_track"
@@ -108,22 +110,30 @@ class Executor(Protocol):
     ) -> list[TrialOutcome]: ...
 
 
-_EXECUTORS: dict[str, Callable[..., Executor]] = {}
+def _is_executor_class(obj: object) -> bool:
+    return isinstance(obj, type) and callable(getattr(obj, "run", None))
+
+
+EXECUTORS: Registry[Callable[..., Executor]] = Registry(
+    "executor",
+    group="servegym.executors",
+    builtins={"local": __name__, "ray": __name__},
+    flag="--executor",
+    accepts=_is_executor_class,
+    kind_label="an executor class",
+)
+"""Every executor by name: the two below, ``servegym.executors`` entry points, and
+``package.module:Class`` specs (see :mod:`servegym.registry`)."""
 
 
 def register_executor(name: str) -> Callable[[Callable[..., Executor]], Callable[..., Executor]]:
-    def deco(cls: Callable[..., Executor]) -> Callable[..., Executor]:
-        _EXECUTORS[name] = cls
-        return cls
-
-    return deco
+    """Class decorator: make an executor usable as ``--executor name``."""
+    return EXECUTORS.register(name)
 
 
 def make_executor(name: str, **settings: Any) -> Executor:
-    if name not in _EXECUTORS:
-        known = ", ".join(sorted(_EXECUTORS))
-        raise UserError(f"--executor: unknown executor '{name}' (known: {known})")
-    return _EXECUTORS[name](**settings)
+    """The executor ``name`` with ``settings``; a one-line error naming the known ones."""
+    return EXECUTORS.get(name)(**settings)
 
 
 def _outcome(data: dict[str, Any]) -> TrialOutcome:

@@ -1,12 +1,12 @@
-"""The sandbox registry: a new sandbox is one class plus one :func:`register_sandbox` call."""
+"""The sandbox registry: a new sandbox is one class plus one :func:`register_sandbox` call,
+or an entry point of the ``servegym.sandboxes`` group (:mod:`servegym.registry`)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Protocol
 
-from servegym.errors import UserError
+from servegym.registry import Registry
 
 
 class Sandbox(Protocol):
@@ -19,37 +19,36 @@ class Sandbox(Protocol):
 
 SandboxFactory = Callable[..., Sandbox]
 
-_SANDBOXES: dict[str, SandboxFactory] = {}
 
-_BUILTIN_MODULES = {
-    "docker": "servegym.sandbox.docker_runner",
-    "local": "servegym.sandbox.local",
-}
-"""Modules that register a built-in sandbox, imported on first use (keeps imports light)."""
+def _is_sandbox_class(obj: object) -> bool:
+    return isinstance(obj, type) and callable(getattr(obj, "available", None))
+
+
+SANDBOXES: Registry[SandboxFactory] = Registry(
+    "sandbox",
+    group="servegym.sandboxes",
+    builtins={
+        "docker": "servegym.sandbox.docker_runner",
+        "local": "servegym.sandbox.local",
+    },
+    accepts=_is_sandbox_class,
+    kind_label="a sandbox class (one with an available() method)",
+)
+"""Every sandbox by name: the built-ins (imported on first use, which keeps imports light),
+``servegym.sandboxes`` entry points, and ``package.module:Class`` specs."""
 
 
 def register_sandbox(name: str) -> Callable[[SandboxFactory], SandboxFactory]:
     """Class decorator: make a sandbox findable by ``name``."""
-
-    def deco(cls: SandboxFactory) -> SandboxFactory:
-        _SANDBOXES[name] = cls
-        return cls
-
-    return deco
+    return SANDBOXES.register(name)
 
 
 def sandbox_names() -> list[str]:
-    """The names of every known sandbox, built-in ones included."""
-    for module in _BUILTIN_MODULES.values():
-        importlib.import_module(module)
-    return sorted(_SANDBOXES)
+    """The names of every known sandbox, built-in ones and plug-ins included."""
+    return SANDBOXES.names()
 
 
 def get_sandbox(name: str) -> SandboxFactory:
-    """The sandbox class registered as ``name``; a :class:`UserError` names the known ones."""
-    if name not in _SANDBOXES and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])
-    if name not in _SANDBOXES:
-        known = ", ".join(sorted(set(_SANDBOXES) | set(_BUILTIN_MODULES)))
-        raise UserError(f"unknown sandbox '{name}' (known: {known})")
-    return _SANDBOXES[name]
+    """The sandbox class registered as ``name``; a :class:`~servegym.errors.UserError`
+    names the known ones."""
+    return SANDBOXES.get(name)

@@ -5,15 +5,20 @@ The harness never scores on these figures (it measures at the client); they expl
 result (prefix-cache hits, preemptions, queueing, KV-cache pressure) and check it: a client
 that sees first tokens sooner than the server produced them is being sent something that
 is not the model's output (a whitespace chunk sent ahead, say).
+
+Which samples hold which figure is each engine's to say
+(:attr:`~servegym.engines.base.Engine.metrics`): the engine whose prefix the delta's names
+carry is the one read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, Field
 
-PREFIXES = ("vllm:", "sglang:")
+from servegym.engines.base import EngineMetrics, engine_metric_names
+
 TTFT_SLACK = 0.9
 TTFT_SLACK_MS = 5.0
 """The client's mean TTFT may be below the server's by 10% + 5 ms (clock and histogram
@@ -67,21 +72,39 @@ def _mean_ms(delta: Mapping[str, float], base: str) -> tuple[float | None, int]:
     return total / count * 1000.0, int(count)
 
 
+def _named(
+    read: Callable[[Mapping[str, float], str], float | None],
+    values: Mapping[str, float],
+    name: str | None,
+) -> float | None:
+    return None if name is None else read(values, name)
+
+
+def _engine_names(delta: Mapping[str, float]) -> EngineMetrics | None:
+    """The metric names of the engine whose prefix the delta's samples carry."""
+    if not delta:
+        return None
+    return next(
+        (m for m in engine_metric_names() if any(k.startswith(m.prefix) for k in delta)), None
+    )
+
+
 def server_figures(
     delta: Mapping[str, float],
     gauges_max: Mapping[str, float],
     client_ttft_mean_ms: float | None,
     client_count: int,
+    names: EngineMetrics | None = None,
 ) -> ServerFigures | None:
-    """The figures in a run's ``/metrics`` delta; ``None`` when it has no engine metrics."""
-    prefix = next((p for p in PREFIXES if any(k.startswith(p) for k in delta)), None)
-    if prefix is None:
+    """The figures in a run's ``/metrics`` delta, read by ``names`` (default: those of the
+    engine whose prefix the delta carries); ``None`` when it has no engine metrics."""
+    m = names if names is not None else _engine_names(delta)
+    if m is None or not any(k.startswith(m.prefix) for k in delta):
         return None
-    p = prefix
-    queries = _total(delta, f"{p}prefix_cache_queries_total")
-    hits = _total(delta, f"{p}prefix_cache_hits_total")
-    queue_ms, _ = _mean_ms(delta, f"{p}request_queue_time_seconds")
-    ttft_ms, ttft_count = _mean_ms(delta, f"{p}time_to_first_token_seconds")
+    queries = _named(_total, delta, m.prefix_cache_queries)
+    hits = _named(_total, delta, m.prefix_cache_hits)
+    queue_ms, _ = _mean_ms(delta, m.queue_time) if m.queue_time else (None, 0)
+    ttft_ms, ttft_count = _mean_ms(delta, m.ttft) if m.ttft else (None, 0)
     check = None
     if ttft_ms is not None and client_ttft_mean_ms is not None and client_count:
         floor = ttft_ms * TTFT_SLACK - TTFT_SLACK_MS
@@ -103,18 +126,18 @@ def server_figures(
             note="; ".join(notes),
         )
     return ServerFigures(
-        engine=p.rstrip(":"),
-        requests=_total(delta, f"{p}request_success_total"),
-        prompt_tokens=_total(delta, f"{p}prompt_tokens_total"),
-        generation_tokens=_total(delta, f"{p}generation_tokens_total"),
+        engine=m.prefix.rstrip(":"),
+        requests=_named(_total, delta, m.requests),
+        prompt_tokens=_named(_total, delta, m.prompt_tokens),
+        generation_tokens=_named(_total, delta, m.generation_tokens),
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if hits is not None and queries else None,
-        preemptions=_total(delta, f"{p}num_preemptions_total"),
+        preemptions=_named(_total, delta, m.preemptions),
         queue_time_mean_ms=queue_ms,
         ttft_mean_ms=ttft_ms,
-        kv_cache_usage_peak=_peak(gauges_max, f"{p}kv_cache_usage_perc"),
-        running_peak=_peak(gauges_max, f"{p}num_requests_running"),
-        waiting_peak=_peak(gauges_max, f"{p}num_requests_waiting"),
+        kv_cache_usage_peak=_named(_peak, gauges_max, m.kv_cache_usage),
+        running_peak=_named(_peak, gauges_max, m.running),
+        waiting_peak=_named(_peak, gauges_max, m.waiting),
         ttft_check=check,
     )
