@@ -42,7 +42,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from servegym.cli import app, print_user_error
+from servegym.cli import app
+from servegym.cli.console import print_user_error
 from servegym.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -781,7 +782,7 @@ def test_bench_mock_flags(
     mock_parts: list[str], sla: str | None, timeout: str | None, gpus: str | None, both: bool
 ) -> None:
     """``bench --mock`` with bad settings: refused before a server starts."""
-    from servegym.bench import parse_mock_settings
+    from servegym.runner.bench import parse_mock_settings
     from servegym.scoring.metrics import SLA
 
     mock = ",".join(mock_parts)

@@ -18,7 +18,7 @@ from servegym.pipeline.result import PipelineResult
 from servegym.runner.environment import SimTaskEnvironment
 from servegym.runner.evaluation import evaluate
 from servegym.runner.trial import run_trial
-from servegym.tasks.commands import check_nop, check_oracle
+from servegym.runner.validate import check_nop, check_oracle
 from servegym.tasks.loader import load_task
 from servegym.tasks.spec import Task
 

@@ -15,10 +15,10 @@ from rich.console import Console
 
 from servegym.agents import base as agents_base
 from servegym.agents.base import BudgetExhausted, TaskEnvironment, register_agent
+from servegym.cli.run import run_trial_command
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.runner import trial as trial_module
-from servegym.runner.command import run_trial_command
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     TRIAL_FILE,

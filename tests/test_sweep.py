@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from servegym.cli.sweep import run_sweep_command
 from servegym.errors import UserError
 from servegym.runner.executors import LocalExecutor, TrialOutcome, make_executor
 from servegym.runner.sweep import LOCK_FILE, build_config, claim_run_dir, is_finished
-from servegym.runner.sweep_command import run_sweep_command
 
 DATA = Path(__file__).parent / "data" / "tasks"
 

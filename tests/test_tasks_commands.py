@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from servegym.cli.task import task_list, task_new, task_show, task_validate
 from servegym.errors import UserError
-from servegym.tasks.commands import (
-    check_nop,
-    check_oracle,
-    task_list,
-    task_new,
-    task_show,
-    task_validate,
-    validate_task,
-)
+from servegym.runner.validate import check_nop, check_oracle, validate_task
 from servegym.tasks.loader import load_task, load_task_folder, tasks_dir
 
 

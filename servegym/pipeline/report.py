@@ -10,13 +10,18 @@ tables, no scripts.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
 from servegym.errors import UserError
-from servegym.pipeline.commands import fmt_speedup
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE
 from servegym.pipeline.result import AMDAHL_FACTORS, PipelineResult
+
+
+def fmt_speedup(x: float) -> str:
+    """``1.83x``; ``inf`` for an infinite ceiling."""
+    return "inf" if math.isinf(x) else f"{x:.2f}x"
 
 
 def amdahl_html(result: PipelineResult) -> str:

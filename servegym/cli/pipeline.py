@@ -8,25 +8,21 @@ or a pipeline task's trial folder or its ``trial.json`` (then the folder's
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from servegym.cli.console import console, print_user_error
 from servegym.errors import UserError
-from servegym.pipeline.files import load_result
-from servegym.pipeline.result import AMDAHL_FACTORS, STAGES, PipelineResult
+
+if TYPE_CHECKING:
+    from servegym.pipeline.result import PipelineResult
 
 pipeline_app = typer.Typer(help="Analyse pipeline tasks' results.", no_args_is_help=True)
-
-
-def fmt_speedup(x: float) -> str:
-    """``1.83x``; ``inf`` for an infinite ceiling."""
-    return "inf" if math.isinf(x) else f"{x:.2f}x"
 
 
 def render_summary(path: Path, result: PipelineResult) -> Table:
@@ -52,6 +48,8 @@ def render_summary(path: Path, result: PipelineResult) -> Table:
 
 def render_shares(result: PipelineResult) -> Table:
     """Per-stage time: total seconds, share, mean per answered question."""
+    from servegym.pipeline.result import STAGES
+
     table = Table(title="time per stage (queueing included)", title_justify="left")
     table.add_column("stage")
     table.add_column("seconds", justify="right")
@@ -70,9 +68,14 @@ def render_shares(result: PipelineResult) -> Table:
     return table
 
 
-def render_amdahl(result: PipelineResult, factors: tuple[float, ...] = AMDAHL_FACTORS) -> Table:
+def render_amdahl(result: PipelineResult, factors: tuple[float, ...] | None = None) -> Table:
     """The Amdahl table: the pipeline's speed-up if one stage alone were ``s`` times faster,
-    and the ceiling if it took no time."""
+    and the ceiling if it took no time (``factors``: the pipeline's ``AMDAHL_FACTORS``)."""
+    from servegym.pipeline.report import fmt_speedup
+    from servegym.pipeline.result import AMDAHL_FACTORS
+
+    if factors is None:
+        factors = AMDAHL_FACTORS
     table = Table(
         title="Amdahl: whole-pipeline speed-up if only this stage were s times faster",
         title_justify="left",
@@ -108,7 +111,7 @@ def analyze_command(
     ] = False,
 ) -> None:
     """Per-stage time shares and the Amdahl table of a pipeline run."""
-    from servegym.cli import console, print_user_error
+    from servegym.pipeline.files import load_result
 
     try:
         path, loaded = load_result(result, baseline=baseline)

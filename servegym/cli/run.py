@@ -1,4 +1,5 @@
-"""``servegym run --task ID --agent NAME [--seed N] [--out DIR] [--force]``.
+"""``servegym run --task ID --agent NAME [--seed N] [--out DIR] [--force]``, and the
+result table ``servegym score`` prints too.
 
 :func:`run_trial_command` runs one trial (:func:`servegym.runner.trial.run_trial`) with a
 progress bar over the agent phase (experiments run, simulated GPU-seconds against the
@@ -11,17 +12,19 @@ interval. Unknown tasks or agents and bad task files raise
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.console import Console, Group
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from servegym.agents.base import ExperimentResult, make_agent
-from servegym.runner.results import TRIAL_FILE, TrialResult
-from servegym.runner.trial import TrialProgress, run_trial, trial_folder
-from servegym.tasks.loader import LoadedTask, load_task
+from servegym.cli.console import console as stdout_console
+from servegym.cli.options import given
+
+if TYPE_CHECKING:
+    from servegym.runner.results import TrialResult
 
 DEFAULT_OUT = Path("runs")
 
@@ -34,50 +37,6 @@ _OUTCOME_STYLE = {
     "no_submission": "yellow",
     "harness_error": "bold red",
 }
-
-
-class _RichProgress(TrialProgress):
-    """Progress bars: the agent phase (budget) and the evaluation (runs)."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.agent_bar: TaskID | None = None
-        self.eval_bar: TaskID | None = None
-        self.best: float | None = None
-        self.failures = 0
-
-    def start(self, loaded: LoadedTask, agent: str, seed: int) -> None:
-        b = loaded.task.budget
-        limit = b.sim_gpu_seconds if loaded.task.track == "sim" else b.wall_seconds
-        self.agent_bar = self.progress.add_task(
-            f"{agent}: 0 experiments", total=limit if limit else 1.0
-        )
-
-    def experiment(self, result: ExperimentResult, budget_limit: float | None) -> None:
-        if self.agent_bar is None:
-            return
-        if result.ok and result.improvement is not None:
-            imp = result.improvement
-            self.best = imp if self.best is None else max(self.best, imp)
-        if not result.ok:
-            self.failures += 1
-        best = f", best {self.best:.3f}x" if self.best is not None else ""
-        fails = f", {self.failures} failed" if self.failures else ""
-        used = result.budget.sim_gpu_seconds_used or result.budget.wall_seconds_used
-        self.progress.update(
-            self.agent_bar,
-            completed=min(used, budget_limit) if budget_limit else used,
-            description=f"experiments: {result.index + 1}{fails}{best}",
-        )
-
-    def stage(self, stage: str, done: int, total: int) -> None:
-        if self.agent_bar is not None and self.eval_bar is None:
-            task = self.progress.tasks[self.agent_bar]
-            if task.total is not None:
-                self.progress.update(self.agent_bar, completed=task.total)
-        if self.eval_bar is None:
-            self.eval_bar = self.progress.add_task(f"{stage} (paired runs)", total=total)
-        self.progress.update(self.eval_bar, completed=done, total=total)
 
 
 def _num(value: float | None, unit: str = "") -> str:
@@ -203,6 +162,8 @@ def render_trial(result: TrialResult, folder: Path | None = None) -> Group:
             )
         )
     if folder is not None:
+        from servegym.runner.results import TRIAL_FILE
+
         lines.append(Text(f"wrote {folder / TRIAL_FILE}", style="dim"))
     return Group(table, gates, *lines)
 
@@ -221,6 +182,12 @@ def run_trial_command(
     """Run (or show, when finished and not ``force``) one trial; returns the exit code
     (0; 1 when the harness itself failed). Raises UserError for bad input. ``tasks_root``
     is where task ids are looked up (default: the shipped tasks)."""
+    from servegym.agents.base import make_agent
+    from servegym.cli.trial_progress import RichTrialProgress
+    from servegym.runner.results import TRIAL_FILE
+    from servegym.runner.trial import run_trial, trial_folder
+    from servegym.tasks.loader import load_task
+
     console = console or Console()
     out_dir = out if out is not None else DEFAULT_OUT
     # Bad names fail here, in one line, before any progress bar is drawn.
@@ -240,7 +207,7 @@ def run_trial_command(
             seed,
             out_dir,
             force,
-            progress=_RichProgress(progress),
+            progress=RichTrialProgress(progress),
             agent_options=agent_options,
         )
     folder = trial_folder(out_dir, result.task, agent, seed)
@@ -251,3 +218,66 @@ def run_trial_command(
         )
     console.print(render_trial(result, folder))
     return 1 if result.outcome == "harness_error" else 0
+
+
+def run(
+    task: Annotated[str, typer.Option("--task", help="task id (see tasks/) or task folder")],
+    agent: Annotated[str, typer.Option("--agent", help="agent name, e.g. default, random, tpe")],
+    seed: Annotated[int, typer.Option("--seed", min=0, help="trial seed")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="folder for trial folders")] = Path("runs"),
+    force: Annotated[
+        bool, typer.Option("--force", help="run again even if the trial finished")
+    ] = False,
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="model agents: the provider's URL (openai-compatible)"),
+    ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option("--api-key-env", help="model agents: the variable holding the API key"),
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", min=1, help="model agents: model calls at most")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, help="model agents: tokens per answer")
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="model agents: sampling")
+    ] = None,
+    reasoning_effort: Annotated[
+        str | None,
+        typer.Option("--reasoning-effort", help="model agents: e.g. low, medium, high"),
+    ] = None,
+    max_agent_tokens: Annotated[
+        int | None,
+        typer.Option("--max-agent-tokens", min=1, help="model agents: cap on tokens, all calls"),
+    ] = None,
+    max_agent_dollars: Annotated[
+        float | None,
+        typer.Option("--max-agent-dollars", min=0.0, help="model agents: cap on US dollars"),
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option("--script", help="scripted agent: JSON Lines of tool calls (or a trajectory)"),
+    ] = None,
+) -> None:
+    """Run one trial: the agent works the task within its budget, then its submission is
+    scored against the baseline on the hidden scoring workload. Agents: default, random,
+    tpe, scripted (--script), a model: anthropic:MODEL, openai:MODEL,
+    openai-compatible:MODEL (--base-url), or a coding CLI on a real track: claude-code,
+    codex, gemini-cli (each :MODEL), opencode:PROVIDER/MODEL."""
+    options = given(
+        base_url=base_url,
+        api_key_env=api_key_env,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        reasoning_effort=reasoning_effort,
+        max_agent_tokens=max_agent_tokens,
+        max_agent_dollars=max_agent_dollars,
+        script=script,
+    )
+    code = run_trial_command(task, agent, seed, out, force, stdout_console, agent_options=options)
+    if code:
+        raise typer.Exit(code)

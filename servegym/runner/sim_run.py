@@ -1,4 +1,4 @@
-"""``servegym sim``: one workload on the simulated engine, written to a run folder.
+"""One workload on the simulated engine, written to a run folder (``servegym sim``).
 
 The folder holds the same ``run.json``, ``requests.jsonl`` and ``metrics.json`` as
 ``servegym bench``, plus ``sim.json`` with the engine-side figures (KV capacity,

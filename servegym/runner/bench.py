@@ -1,4 +1,5 @@
-"""``servegym bench``: one workload against one server, written to a run folder.
+"""One workload against one OpenAI-compatible server, written to a run folder
+(``servegym bench``).
 
 The run folder holds ``run.json`` (what was run), ``requests.jsonl`` (one
 :class:`~servegym.loadgen.records.RequestRecord` a line) and ``metrics.json``
@@ -12,23 +13,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
@@ -63,6 +55,17 @@ class BenchOutcome:
     metrics_path: Path
     requests_path: Path
     title: str
+
+
+class BenchProgress(Protocol):
+    """How :func:`run_bench` reports progress (the command line draws it as a bar)."""
+
+    def running(
+        self, workload: str, base_url: str, total: int
+    ) -> AbstractContextManager[Callable[[int, int], None]]:
+        """Entered for the run of ``total`` requests (turns) of ``workload`` against
+        ``base_url``; yields the callback told ``(done, total)`` as requests finish."""
+        ...
 
 
 _MOCK_KEYS = {"ttft_ms": float, "itl_ms": float, "tokens_per_chunk": int, "model": str}
@@ -154,14 +157,13 @@ async def _first_model(base_url: str) -> str:
         raise UserError(f"--model: {url} lists no model; pass --model NAME") from None
 
 
-def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOutcome:
+def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> BenchOutcome:
     """Materialise the workload, drive it, and write the run folder."""
     from servegym.loadgen.eventloop import run as run_async
     from servegym.loadgen.http_target import HttpTarget
     from servegym.workloads.generate import materialise
     from servegym.workloads.registry import load_spec
 
-    console = console or Console(stderr=True)
     spec, base_dir = load_spec(
         request.workload, request.overrides, requests=request.requests, scale=request.scale
     )
@@ -195,20 +197,12 @@ def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOut
         }
         write_json(request.out / "run.json", meta)
         total = workload.num_turns
-        with Progress(
-            TextColumn(f"[bold]{spec.name}[/] → {base_url}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("requests", total=total)
-
-            def on_progress(done: int, of: int) -> None:
-                progress.update(task, completed=done, total=of)
-
+        running = (
+            progress.running(spec.name, base_url, total)
+            if progress is not None
+            else nullcontext(_no_progress)
+        )
+        with running as on_progress:
             result = run_async(HttpTarget(base_url).run(workload, options, on_progress))
 
     requests_path = request.out / "requests.jsonl"
@@ -218,6 +212,10 @@ def run_bench(request: BenchRequest, console: Console | None = None) -> BenchOut
     write_text_atomic(metrics_path, metrics.model_dump_json(indent=2) + "\n")
     title = f"{spec.name} (seed {request.seed}) on {model}"
     return BenchOutcome(metrics, metrics_path, requests_path, title)
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
 
 
 @contextmanager
@@ -233,4 +231,10 @@ def _server(request: BenchRequest, mock_flags: list[str] | None) -> Iterator[str
         yield url
 
 
-__all__ = ["BenchOutcome", "BenchRequest", "parse_mock_settings", "run_bench"]
+__all__ = [
+    "BenchOutcome",
+    "BenchProgress",
+    "BenchRequest",
+    "parse_mock_settings",
+    "run_bench",
+]

@@ -11,20 +11,20 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servegym.runner.executors import TrialOutcome, make_executor
-from servegym.runner.sweep import (
-    Track,
-    TrialSpec,
-    build_config,
-    claim_run_dir,
-    is_finished,
-)
+from servegym.cli.console import console as stdout_console
+from servegym.cli.options import given
+from servegym.errors import UserError
+
+if TYPE_CHECKING:
+    from servegym.runner.executors import TrialOutcome
+    from servegym.runner.sweep import Track, TrialSpec
 
 
 class _Display:
@@ -94,6 +94,9 @@ def run_sweep_command(
     tasks_root: Path | None = None,
 ) -> int:
     """Run the sweep; returns the exit code (1 when a trial failed, else 0)."""
+    from servegym.runner.executors import make_executor
+    from servegym.runner.sweep import build_config, claim_run_dir, is_finished
+
     config, tracks = build_config(
         tasks.split(","),
         agents.split(","),
@@ -148,3 +151,63 @@ def _summary(console: Console, outcomes: list[TrialOutcome], finished_before: in
         f"{len(outcomes)} trials run, {skipped} finished trials skipped (not run again)",
         highlight=False,
     )
+
+
+def sweep(
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="task id patterns, comma-separated (e.g. '*')")
+    ],
+    agents: Annotated[str, typer.Option("--agents", help="agents, comma-separated")],
+    out: Annotated[Path, typer.Option("--out", help="the sweep's run folder")],
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds 0..N-1 per cell")] = 1,
+    executor: Annotated[
+        str, typer.Option("--executor", help="local (worker processes) or ray")
+    ] = "local",
+    max_concurrent: Annotated[
+        int | None, typer.Option("--max-concurrent", min=1, help="trials at once")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="ray: an existing cluster's address")
+    ] = None,
+    track: Annotated[
+        str | None, typer.Option("--track", help="only tasks of this track: sim, cpu, gpu")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="model agents: the provider's URL")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="model agents: the key's variable")
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", min=1, help="model agents: calls at most")
+    ] = None,
+    max_agent_dollars: Annotated[
+        float | None, typer.Option("--max-agent-dollars", min=0.0, help="model agents: cap")
+    ] = None,
+) -> None:
+    """Run every trial of tasks x agents x seeds into one folder; re-running the same
+    command resumes (finished trials are skipped, partial ones restarted)."""
+    if track not in (None, "sim", "cpu", "gpu"):
+        raise UserError(f"--track must be sim, cpu or gpu, not '{track}'")
+    if executor != "ray" and address is not None:
+        raise UserError("--address is for --executor ray")
+    options = given(
+        base_url=base_url,
+        api_key_env=api_key_env,
+        max_turns=max_turns,
+        max_agent_dollars=max_agent_dollars,
+    )
+    code = run_sweep_command(
+        tasks,
+        agents,
+        seeds,
+        out,
+        stdout_console,
+        executor=executor,
+        max_concurrent=max_concurrent,
+        address=address,
+        track=track,  # type: ignore[arg-type]
+        agent_options=options,
+    )
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,185 @@
+"""The checks ``servegym task validate`` runs on a task, as plain results.
+
+Every task (or the ones named) loads and has an oracle; then the **nop check** (the
+baseline config scores 1.0 within ``evaluation.nop_tolerance``) and the **oracle check**
+(the oracle scores at least ``evaluation.oracle_min_score``), both through the task's
+final evaluation (:func:`servegym.runner.evaluation.evaluate`, or
+:func:`~servegym.runner.real_evaluation.evaluate_real` on a real track) on the scoring
+workloads of trial seeds ``0 .. seeds-1``. A real-track task on a machine without its track
+gets the two checks skipped, saying why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from servegym.errors import UserError
+from servegym.tasks.loader import (
+    ORACLE_FILE,
+    LoadedTask,
+    load_task_folder,
+    resolve_task_folder,
+    task_folders,
+    tasks_dir,
+)
+
+if TYPE_CHECKING:
+    from servegym.engines.config import ServingConfig
+    from servegym.runner.evaluation import Evaluation
+
+
+def folders_to_validate(task_ids: list[str], root: Path | None, seeds: int) -> list[Path]:
+    """The folders of the named tasks (all under ``root`` when none). Bad input (unknown
+    ids, no tasks, fewer than one seed) raises :class:`UserError`."""
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    if task_ids:
+        return [resolve_task_folder(t, root, flag="task validate") for t in task_ids]
+    folders = task_folders(root)
+    if not folders:
+        raise UserError(f"task validate: no tasks in {root or tasks_dir()}")
+    return folders
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check of one task."""
+
+    task: str
+    check: str
+    passed: bool
+    detail: str
+    skipped: bool = False
+    short: str = ""
+    """What the summary table shows in the check's cell (e.g. the scores)."""
+
+
+def _scoring_seeds(loaded: LoadedTask, seeds: int) -> list[tuple[int, int]]:
+    from servegym.runner.secrets import scoring_seed
+
+    dev = loaded.task.workload.dev_seed
+    return [(s, scoring_seed(loaded.task.id, s, avoid=dev)) for s in range(seeds)]
+
+
+def _evaluate(loaded: LoadedTask, submission: ServingConfig, seed: int) -> Evaluation:
+    """The final evaluation of the task's track (real servers for cpu and gpu tasks)."""
+    if loaded.task.track == "sim":
+        from servegym.runner.evaluation import evaluate
+
+        return evaluate(loaded, submission, seed)
+    import tempfile
+
+    from servegym.runner.real_evaluation import evaluate_real
+
+    logs = Path(tempfile.mkdtemp(prefix=f"servegym-validate-{loaded.id}-"))
+    return evaluate_real(loaded, submission, seed, server_logs=logs)
+
+
+def _real_track_missing(loaded: LoadedTask) -> str | None:
+    """Why this machine cannot run the task's nop and oracle checks, if it cannot."""
+    from servegym.runner.trial import check_track_ready
+
+    if loaded.task.track == "sim":
+        return None
+    try:
+        check_track_ready(loaded)
+    except UserError as e:
+        return e.message
+    return None
+
+
+def check_nop(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
+    """The baseline config, submitted, scores 1.0 within ``evaluation.nop_tolerance``."""
+    from servegym.runner.environment import HarnessError
+
+    t = loaded.task
+    tol = t.evaluation.nop_tolerance
+    scores: list[str] = []
+    ok = True
+    for trial_seed, seed in _scoring_seeds(loaded, seeds):
+        try:
+            ev = _evaluate(loaded, t.baseline.model_copy(deep=True), seed)
+        except HarnessError as e:
+            return CheckResult(t.id, "nop", False, str(e))
+        score = ev.score
+        if ev.outcome != "scored" or score is None:
+            return CheckResult(
+                t.id, "nop", False, f"seed {trial_seed}: outcome {ev.outcome}", short=ev.outcome
+            )
+        scores.append(f"{score:.3f}")
+        ok = ok and abs(score - 1.0) <= tol
+    detail = f"baseline scores {', '.join(scores)} (1.0 +- {tol:g})"
+    return CheckResult(t.id, "nop", ok, detail, short=", ".join(scores))
+
+
+def check_oracle(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
+    """The oracle config scores at least ``evaluation.oracle_min_score``."""
+    from servegym.runner.environment import HarnessError
+
+    t = loaded.task
+    if loaded.oracle is None:
+        return CheckResult(t.id, "oracle", False, f"no {ORACLE_FILE} (every task needs one)")
+    need = t.evaluation.oracle_min_score
+    scores: list[str] = []
+    ok = True
+    for trial_seed, seed in _scoring_seeds(loaded, seeds):
+        try:
+            ev = _evaluate(loaded, loaded.oracle.model_copy(deep=True), seed)
+        except HarnessError as e:
+            return CheckResult(t.id, "oracle", False, str(e))
+        if ev.outcome != "scored" or ev.score is None:
+            why = next((g.detail for g in ev.gates.values() if g.passed is False), "")
+            return CheckResult(
+                t.id,
+                "oracle",
+                False,
+                f"seed {trial_seed}: outcome {ev.outcome}" + (f" ({why})" if why else ""),
+                short=ev.outcome,
+            )
+        scores.append(f"{ev.score:.3f}")
+        ok = ok and ev.score >= need
+    return CheckResult(
+        t.id,
+        "oracle",
+        ok,
+        f"oracle scores {', '.join(scores)} (>= {need:g})",
+        short=f"{', '.join(scores)} (>= {need:g})",
+    )
+
+
+def validate_task(folder: Path, *, seeds: int = 1, schema_only: bool = False) -> list[CheckResult]:
+    """Every check of the task in ``folder`` (schema first; the rest only if it loads)."""
+    try:
+        loaded = load_task_folder(folder)
+    except UserError as e:
+        return [CheckResult(folder.name, "schema", False, e.message)]
+    if loaded.oracle is None:
+        return [
+            CheckResult(
+                loaded.id,
+                "schema",
+                False,
+                f"{folder / ORACLE_FILE}: missing (every task needs one)",
+            )
+        ]
+    results = [
+        CheckResult(
+            loaded.id, "schema", True, "task.toml, instruction.md, oracle.toml load", short="ok"
+        )
+    ]
+    if schema_only:
+        return results
+    missing = _real_track_missing(loaded)
+    if missing is not None:
+        note = f"nop and oracle checks need the {loaded.task.track} track: {missing}"
+        results.append(CheckResult(loaded.id, "nop", True, note, skipped=True, short="skipped"))
+        results.append(CheckResult(loaded.id, "oracle", True, note, skipped=True, short="skipped"))
+        return results
+    results.append(check_nop(loaded, seeds))
+    results.append(check_oracle(loaded, seeds))
+    return results
+
+
+CHECKS: tuple[str, ...] = ("schema", "nop", "oracle")
