@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "servegym"
 
 LAYERS: list[set[str]] = [
     # plain helpers every layer may use
-    {"__init__", "__main__", "errors", "paths", "tomlfile", "overrides", "aio_serve", "registry"},
+    {"__init__", "errors", "paths", "tomlfile", "overrides", "aio_serve", "registry"},
     {"workloads"},
     {"loadgen", "run_folder"},
     # where servers run and what they are: ServingConfig, launchers, the simulator
@@ -36,7 +36,8 @@ LAYERS: list[set[str]] = [
     {"runner"},
     # above the runner: leaderboards, reports, the judge, server figures
     {"reporting"},
-    {"cli"},
+    # the command line, and `python -m servegym` which starts it
+    {"cli", "__main__"},
 ]
 """Bottom to top."""
 
