@@ -509,7 +509,7 @@ def judge(
     and are kept with its answer in judge.json."""
     import asyncio
 
-    from servegym.scoring.judge import judge_folders
+    from servegym.reporting.judge import judge_folders
 
     try:
         with err_console.status(f"judging {len(trials)} trial(s) with {model}"):
@@ -541,7 +541,7 @@ def leaderboard(
 ) -> None:
     """Rank agents over every trial in the run folders: geometric mean of improvement over
     tasks with a bootstrap interval over seeds, outcomes, process and cost."""
-    from servegym.scoring.leaderboard import leaderboard_command
+    from servegym.reporting.leaderboard import leaderboard_command
 
     try:
         leaderboard_command(run_dirs, format_, html, task, console, err_console)

@@ -15,7 +15,7 @@ from servegym.agents.llm.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.cli import app
 from servegym.runner.results import flag_trial, read_trial, write_trial
 from servegym.runner.trial import run_trial
-from servegym.scoring.judge import evidence_of, parse_answer
+from servegym.reporting.judge import evidence_of, parse_answer
 
 DATA = Path(__file__).parent / "data" / "tasks"
 FLAG = json.dumps(

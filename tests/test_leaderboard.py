@@ -29,7 +29,7 @@ from servegym.runner.results import (
     read_trial,
 )
 from servegym.runner.trial import run_trial
-from servegym.scoring.leaderboard import (
+from servegym.reporting.leaderboard import (
     TRIAL_COLUMNS,
     FoundTrial,
     best_so_far,
@@ -44,7 +44,7 @@ from servegym.scoring.leaderboard import (
     trials_frame,
 )
 from servegym.scoring.metrics import percentiles
-from servegym.scoring.report import render_report
+from servegym.reporting.report import render_report
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 AGENTS = ("default", "random")

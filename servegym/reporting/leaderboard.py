@@ -738,7 +738,7 @@ def leaderboard_command(
     else:
         sys.stdout.write(format_json(board))
     if html is not None:
-        from servegym.scoring.report import write_report
+        from servegym.reporting.report import write_report
 
         chosen = task if task is not None else default_task(df)
         try:
