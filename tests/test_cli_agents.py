@@ -54,8 +54,8 @@ from servegym.agents.cli.agent import CliAgent, DockerSessions, SessionResult, m
 from servegym.agents.cli.background import BackgroundLoop
 from servegym.agents.cli.control import LOG_TAIL_CHARS, ControlServer
 from servegym.agents.cli.proxy import KeyProxy, read_api_key
-from servegym.agents.llm.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.errors import UserError
+from servegym.providers.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.sandbox import docker_runner
 
 SCRIPT = Path(servegym_agent.__file__)

@@ -11,11 +11,11 @@ import pytest
 from test_llm_agent import serving
 from typer.testing import CliRunner
 
-from servegym.agents.llm.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.cli import app
+from servegym.providers.fakes import FakeAnthropic, FakeOpenAI, final_text
+from servegym.reporting.judge import evidence_of, parse_answer
 from servegym.runner.results import flag_trial, read_trial, write_trial
 from servegym.runner.trial import run_trial
-from servegym.reporting.judge import evidence_of, parse_answer
 
 DATA = Path(__file__).parent / "data" / "tasks"
 FLAG = json.dumps(

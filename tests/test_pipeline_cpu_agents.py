@@ -18,8 +18,8 @@ from test_pipeline_cpu_eval import MODEL, QUICK, make_task
 
 from servegym.agents.base import CONFIG_FILE, LAUNCHER, WorkspaceError, make_agent
 from servegym.agents.cli.agent import make_cli_agent
-from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
 from servegym.engines.config import ServingConfig
+from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
 from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.tasks.loader import LoadedTask
 

@@ -34,7 +34,6 @@ import numpy as np
 import pandas as pd
 
 from servegym.pipeline.report import pipeline_section
-from servegym.runner.results import OUTCOMES, write_atomic
 from servegym.reporting.leaderboard import (
     LEVEL,
     Leaderboard,
@@ -43,6 +42,7 @@ from servegym.reporting.leaderboard import (
     latencies_frame,
     score_cell,
 )
+from servegym.runner.results import OUTCOMES, write_atomic
 
 OUTCOME_COLOURS: dict[str, str] = {
     "scored": "#2e7d32",

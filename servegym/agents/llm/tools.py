@@ -29,8 +29,8 @@ from servegym.agents.base import (
     WorkspaceEnvironment,
     WorkspaceError,
 )
-from servegym.agents.llm.types import ToolCall, ToolSpec
 from servegym.engines.config import ServingConfig
+from servegym.providers.types import ToolCall, ToolSpec
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
