@@ -14,18 +14,9 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
 from servegym.errors import UserError
 from servegym.scoring.metrics import Metrics
-
-
-class KnobInfo(BaseModel):
-    """One tunable knob as the agent is told about it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    default: str
-    help: str
 
 
 class BudgetState(BaseModel):

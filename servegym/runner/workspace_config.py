@@ -16,8 +16,9 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-from servegym.agents.base import CONFIG_FILE, KnobInfo, WorkspaceError
+from servegym.agents.base import CONFIG_FILE, WorkspaceError
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
 from servegym.overrides import validation_message
 
 HEADER = """\
