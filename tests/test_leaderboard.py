@@ -34,10 +34,10 @@ from servegym.reporting.leaderboard import (
     trials_frame,
 )
 from servegym.reporting.report import render_report
+from servegym.run_folder import TRIAL_FILE
 from servegym.runner.results import (
     LATENCIES_FILE,
     LATENCY_CAP,
-    TRIAL_FILE,
     TrialResult,
     capped_sorted,
     read_latencies,

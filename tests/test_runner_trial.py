@@ -17,11 +17,11 @@ from servegym.agents import base as agents_base
 from servegym.agents.base import BudgetExhausted, TaskEnvironment, register_agent
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
+from servegym.run_folder import TRIAL_FILE
 from servegym.runner import trial as trial_module
 from servegym.runner.command import run_trial_command
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
-    TRIAL_FILE,
     VOLATILE_KEYS,
     TrialResult,
     read_trial,

@@ -42,7 +42,8 @@ from servegym.reporting.leaderboard import (
     latencies_frame,
     score_cell,
 )
-from servegym.runner.results import OUTCOMES, write_atomic
+from servegym.run_folder import write_atomic
+from servegym.runner.results import OUTCOMES
 
 OUTCOME_COLOURS: dict[str, str] = {
     "scored": "#2e7d32",

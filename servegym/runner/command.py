@@ -19,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from servegym.agents.base import ExperimentResult, make_agent
-from servegym.runner.results import TRIAL_FILE, TrialResult
+from servegym.run_folder import TRIAL_FILE
+from servegym.runner.results import TrialResult
 from servegym.runner.trial import TrialProgress, run_trial, trial_folder
 from servegym.tasks.loader import LoadedTask, load_task
 
