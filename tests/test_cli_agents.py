@@ -30,7 +30,6 @@ from servegym.agents.base import (
     BudgetState,
     ExperimentResult,
     TaskDescription,
-    WorkspaceError,
     make_agent,
 )
 from servegym.agents.cli import servegym_agent
@@ -57,6 +56,7 @@ from servegym.agents.cli.proxy import KeyProxy, read_api_key
 from servegym.errors import UserError
 from servegym.providers.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.sandbox import docker_runner
+from servegym.sandbox.workspace import WorkspaceError
 
 SCRIPT = Path(servegym_agent.__file__)
 REAL_KEY = "sk-REAL-harness-key-0123456789"

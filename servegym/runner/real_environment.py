@@ -35,7 +35,6 @@ from servegym.agents.base import (
     ExperimentResult,
     TaskDescription,
     Tuning,
-    WorkspaceError,
 )
 from servegym.cpu_track.home import TINY_MODEL
 from servegym.cpu_track.reference import Reference, agreement, reference_outputs
@@ -55,6 +54,7 @@ from servegym.runner.real_measure import measure_run, real_objective_problem
 from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
 from servegym.runner.workspace_config import read_workspace_config, write_workspace_config
 from servegym.sandbox.local import Isolation, tree_digest
+from servegym.sandbox.workspace import WorkspaceError
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
 from servegym.workloads.model import Workload
