@@ -36,10 +36,10 @@ from servegym.agents.base import (
     TaskDescription,
     Tuning,
 )
-from servegym.cpu_track.home import TINY_MODEL
 from servegym.cpu_track.reference import Reference, agreement, reference_outputs
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.models import resolve_model

@@ -44,8 +44,8 @@ import pydantic
 
 import servegym
 from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, make_agent
-from servegym.cpu_track.home import track_paths
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
 from servegym.pipeline.files import write_pipeline_files
