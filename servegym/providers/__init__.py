@@ -12,5 +12,6 @@
 - :mod:`~servegym.providers.fakes`: local HTTP servers speaking both APIs that replay a
   script of tool calls, with fault injection, for tests and for replaying runs without keys.
 
-Nothing here knows of agents or tasks (this layer sits below both).
+Nothing here imports agents, tasks or the runner: only :mod:`servegym.errors` and
+:mod:`servegym.aio_serve`.
 """
