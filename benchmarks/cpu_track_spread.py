@@ -21,11 +21,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from servegym.cpu_track.home import TINY_MODEL
 from servegym.cpu_track.setup import require_cpu_track
 from servegym.cpu_track.workloads import probe_workloads
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.models import resolve_model
 from servegym.engines.served import benchmark_config
 from servegym.loadgen.target import RunOptions

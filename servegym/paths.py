@@ -1,7 +1,10 @@
-"""Where ServeGym's data folders (workloads/, tasks/, ...) are found.
+"""Where ServeGym's data folders (workloads/, tasks/, ...) are found, and its data directory.
 
-In a source checkout (and an editable install) they sit at the repository root beside the
-package; a wheel carries a copy under ``servegym/_data``. ``SERVEGYM_DATA_DIR`` overrides both.
+In a source checkout (and an editable install) the data folders sit at the repository root
+beside the package; a wheel carries a copy under ``servegym/_data``. ``SERVEGYM_DATA_DIR``
+overrides both. The data directory (:func:`servegym_home`) is where ServeGym keeps what it
+installs and builds: ``$SERVEGYM_HOME`` when set, else ``$XDG_CACHE_HOME/servegym``
+(``~/.cache/servegym``).
 """
 
 from __future__ import annotations
@@ -21,3 +24,11 @@ def data_dir(name: str) -> Path:
     if bundled.is_dir():
         return bundled
     return _PACKAGE_DIR.parent / name
+
+
+def servegym_home() -> Path:
+    """The ServeGym data directory (not created here)."""
+    if home := os.environ.get("SERVEGYM_HOME"):
+        return Path(home).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "servegym"

@@ -1,4 +1,5 @@
-"""Writing a run folder: ``run.json``, ``requests.jsonl``, ``metrics.json`` (and extras).
+"""Writing a run folder: ``run.json``, ``requests.jsonl``, ``metrics.json`` (and extras);
+a trial's folder holds ``trial.json`` (:data:`TRIAL_FILE`).
 
 Every file is written to a temporary name and renamed into place, so a reader never sees a
 half-written file; records are written before metrics are computed, so a failure in a later
@@ -9,11 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from servegym.errors import UserError
 from servegym.loadgen.records import RunResult
+
+TRIAL_FILE = "trial.json"
+"""A trial's result in its folder (:class:`~servegym.runner.results.TrialResult`)."""
 
 
 def prepare_out(out: Path, flag: str = "--out") -> None:
@@ -44,3 +49,18 @@ def write_records(result: RunResult, path: Path) -> None:
             f.write(rec.model_dump_json())
             f.write("\n")
     os.replace(tmp, path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -11,15 +11,15 @@ from test_llm_agent import FAST_RETRIES, serving
 
 from servegym.agents.base import make_agent
 from servegym.agents.llm.context import needs_trimming, shorten_old_results
-from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
-from servegym.agents.llm.types import (
+from servegym.errors import UserError
+from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
+from servegym.providers.types import (
     AssistantMessage,
     Message,
     ToolResult,
     ToolResultsMessage,
     UserMessage,
 )
-from servegym.errors import UserError
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task_folder
 

@@ -14,13 +14,14 @@ import pytest
 from engine_support import StandInEngine
 from test_llm_agent import serving
 
-from servegym.agents.base import LAUNCHER, BudgetExhausted, WorkspaceError, make_agent
-from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
+from servegym.agents.base import LAUNCHER, BudgetExhausted, make_agent
 from servegym.engines.base import ModelRef
 from servegym.engines.launcher import LauncherSubmission
+from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
 from servegym.runner.evaluation import Evaluation
 from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.real_evaluation import evaluate_real
+from servegym.sandbox.workspace import WorkspaceError
 from servegym.tasks.loader import LoadedTask, load_task_folder
 
 DATA = Path(__file__).parent / "data" / "tasks"

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 from cheat_proxy import serving
 
-from servegym.cpu_track.home import TINY_MODEL, track_paths
 from servegym.cpu_track.reference import REFERENCE_CONFIG
 from servegym.cpu_track.rescore import ProbeReport, verify_probes
 from servegym.cpu_track.setup import BUILDER
 from servegym.engines.base import ModelRef, get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL, track_paths
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess, free_port
 from servegym.loadgen.records import RunResult

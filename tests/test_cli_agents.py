@@ -30,7 +30,6 @@ from servegym.agents.base import (
     BudgetState,
     ExperimentResult,
     TaskDescription,
-    WorkspaceError,
     make_agent,
 )
 from servegym.agents.cli import servegym_agent
@@ -54,9 +53,10 @@ from servegym.agents.cli.agent import CliAgent, DockerSessions, SessionResult, m
 from servegym.agents.cli.background import BackgroundLoop
 from servegym.agents.cli.control import LOG_TAIL_CHARS, ControlServer
 from servegym.agents.cli.proxy import KeyProxy, read_api_key
-from servegym.agents.llm.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.errors import UserError
+from servegym.providers.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.sandbox import docker_runner
+from servegym.sandbox.workspace import WorkspaceError
 
 SCRIPT = Path(servegym_agent.__file__)
 REAL_KEY = "sk-REAL-harness-key-0123456789"

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from servegym.cpu_track.home import TINY_MODEL, track_paths
 from servegym.cpu_track.reference import compare_outputs, reference_outputs
 from servegym.cpu_track.workloads import probe_workloads, tiny_workload
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL, track_paths
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess
 from servegym.engines.served import ServedRun, benchmark_config

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from servegym.cpu_track.isa import track_host
 from servegym.engines.base import LaunchSpec, ModelRef, engine_names, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig, SpeculativeConfig
 from servegym.engines.config_file import load_serving_config
+from servegym.engines.cpu_isa import track_host
 from servegym.engines.host import HostInfo, _cpu_flags, this_host
 from servegym.engines.models import resolve_model
 from servegym.errors import UserError
@@ -310,7 +310,7 @@ def test_cpu_every_violation_is_listed_on_one_line() -> None:
 
 
 def test_check_judges_this_host_as_the_cpu_track_s_avx2_class() -> None:
-    """Whatever this CPU has, the CPU track runs it as AVX2 (servegym.cpu_track.isa): an FP8
+    """Whatever this CPU has, the CPU track runs it as AVX2 (servegym.engines.cpu_isa): an FP8
     KV cache is refused here even on an AVX-512 host, as on every CI machine."""
     with pytest.raises(ConfigRejected, match="AVX-512"):
         get_engine("vllm-cpu").check(ServingConfig(kv_cache_dtype="fp8"))

@@ -5,17 +5,19 @@ changes nothing."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from test_llm_agent import serving
 from typer.testing import CliRunner
 
-from servegym.agents.llm.fakes import FakeAnthropic, FakeOpenAI, final_text
 from servegym.cli import app
+from servegym.providers.fakes import FakeAnthropic, FakeOpenAI, final_text
+from servegym.reporting.judge import evidence_of, parse_answer
 from servegym.runner.results import flag_trial, read_trial, write_trial
 from servegym.runner.trial import run_trial
-from servegym.scoring.judge import evidence_of, parse_answer
 
 DATA = Path(__file__).parent / "data" / "tasks"
 FLAG = json.dumps(
@@ -115,3 +117,29 @@ def test_bad_uses_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "trial.json").write_text("{}")
     r = CliRunner().invoke(app, ["judge", str(tmp_path), "--model", "tpe"])
     assert r.exit_code == 2 and "--model: 'tpe' is not" in r.output
+
+
+def test_the_judge_builds_its_client_from_providers_alone() -> None:
+    """The judge's client comes from servegym.providers as the model agent's does (same
+    checks, same messages), never through the agent registry (no agent is loaded)."""
+    code = (
+        "import sys\n"
+        "from servegym.reporting.judge import judge_provider\n"
+        "from servegym.errors import UserError\n"
+        "p = judge_provider('openai-compatible:m', 'http://127.0.0.1:9/v1', None)\n"
+        "assert (p.name, p.model) == ('openai-compatible', 'm'), (p.name, p.model)\n"
+        "for spec, url in (('anthropic:', None), ('openai-compatible:m', None)):\n"
+        "    try:\n"
+        "        judge_provider(spec, url, None)\n"
+        "    except UserError as e:\n"
+        "        print(e.message)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('servegym.agents.llm')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "--agent anthropic: name the model, e.g. --agent anthropic:MODEL",
+        "--agent openai-compatible: needs --base-url (the server's /v1 URL)",
+        "[]",
+    ]

@@ -19,17 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servegym.cli import app
-from servegym.runner.results import (
-    LATENCIES_FILE,
-    LATENCY_CAP,
-    TRIAL_FILE,
-    TrialResult,
-    capped_sorted,
-    read_latencies,
-    read_trial,
-)
-from servegym.runner.trial import run_trial
-from servegym.scoring.leaderboard import (
+from servegym.reporting.leaderboard import (
     TRIAL_COLUMNS,
     FoundTrial,
     best_so_far,
@@ -43,8 +33,18 @@ from servegym.scoring.leaderboard import (
     trial_row,
     trials_frame,
 )
+from servegym.reporting.report import render_report
+from servegym.run_folder import TRIAL_FILE
+from servegym.runner.results import (
+    LATENCIES_FILE,
+    LATENCY_CAP,
+    TrialResult,
+    capped_sorted,
+    read_latencies,
+    read_trial,
+)
+from servegym.runner.trial import run_trial
 from servegym.scoring.metrics import percentiles
-from servegym.scoring.report import render_report
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 AGENTS = ("default", "random")

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from servegym.agents.base import make_agent
-from servegym.agents.llm.fakes import FakeAnthropic, FakeOpenAI, Fault, final_text, tool_call
 from servegym.errors import UserError
+from servegym.providers.fakes import FakeAnthropic, FakeOpenAI, Fault, final_text, tool_call
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task_folder
 

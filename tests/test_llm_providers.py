@@ -1,7 +1,7 @@
 """LLM provider clients through the real anthropic and openai SDKs against the local fakes.
 
 No SDK is mocked: each provider's real client talks HTTP to a fake server from
-:mod:`servegym.agents.llm.fakes` on 127.0.0.1, which replays a script and records what it got.
+:mod:`servegym.providers.fakes` on 127.0.0.1, which replays a script and records what it got.
 """
 
 from __future__ import annotations
@@ -13,16 +13,8 @@ from typing import Any
 
 import pytest
 
-from servegym.agents.llm.cost import cost_of, load_price_table, price_for
-from servegym.agents.llm.fakes import (
-    FakeAnthropic,
-    FakeOpenAI,
-    FakeServer,
-    Fault,
-    final_text,
-    tool_call,
-)
-from servegym.agents.llm.providers import (
+from servegym.errors import UserError
+from servegym.providers.clients import (
     PLACEHOLDER_API_KEY,
     AnthropicProvider,
     AssistantMessage,
@@ -43,7 +35,15 @@ from servegym.agents.llm.providers import (
     openai_request_messages,
     resolve_api_key,
 )
-from servegym.errors import UserError
+from servegym.providers.cost import cost_of, load_price_table, price_for
+from servegym.providers.fakes import (
+    FakeAnthropic,
+    FakeOpenAI,
+    FakeServer,
+    Fault,
+    final_text,
+    tool_call,
+)
 
 KEY = "sk-test-3f9a7c21-secret"
 SYSTEM = "You tune LLM servers."

@@ -14,7 +14,7 @@ from servegym.cli import app
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE, PIPELINE_FILE
 from servegym.pipeline.report import pipeline_section
 from servegym.pipeline.result import PipelineResult, TaskRecord
-from servegym.runner.results import TRIAL_FILE
+from servegym.run_folder import TRIAL_FILE
 
 runner = CliRunner()
 

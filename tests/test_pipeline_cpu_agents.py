@@ -16,11 +16,12 @@ from test_cli_agents import SECRETS, ProcessSessions
 from test_llm_agent import serving
 from test_pipeline_cpu_eval import MODEL, QUICK, make_task
 
-from servegym.agents.base import CONFIG_FILE, LAUNCHER, WorkspaceError, make_agent
+from servegym.agents.base import CONFIG_FILE, LAUNCHER, make_agent
 from servegym.agents.cli.agent import make_cli_agent
-from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
 from servegym.engines.config import ServingConfig
+from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
 from servegym.runner.real_environment import RealTaskEnvironment
+from servegym.sandbox.workspace import WorkspaceError
 from servegym.tasks.loader import LoadedTask
 
 FASTER = {"extra_args": QUICK, "pipeline": {"concurrency": 4, "embed_batch_size": 8}}

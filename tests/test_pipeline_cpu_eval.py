@@ -12,15 +12,15 @@ from engine_support import StandInEngine
 from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.pipeline.cpu import deploy as deploy_module
 from servegym.pipeline.cpu.evaluation import NOT_A_CONFIG, recall_gate
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE, PIPELINE_FILE, write_pipeline_files
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.result import PipelineResult
-from servegym.pipeline.spec import PipelineSpec
 from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.real_evaluation import evaluate_real
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tasks.pipeline_spec import PipelineSpec
 from servegym.tasks.spec import Task
 
 MODEL = ModelRef(path="mock", served_name="mock")

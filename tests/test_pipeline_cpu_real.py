@@ -13,13 +13,13 @@ import os
 
 import pytest
 
-from servegym.cpu_track.home import track_paths
 from servegym.cpu_track.setup import pipeline_ok
+from servegym.engines.cpu_home import track_paths
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.pipeline.cpu.corpus import MODULES, Corpus, Question, build_corpus, make_questions
 from servegym.pipeline.cpu.recall import mean_recall_at_k
 from servegym.pipeline.cpu.retrieval import WorkerRetriever
 from servegym.pipeline.cpu.runner import PipelineSettings, run_pipeline
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.result import STAGES
 from tests.conftest import MockFactory
 

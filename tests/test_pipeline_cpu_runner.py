@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.errors import UserError
 from servegym.pipeline.cpu.corpus import Corpus, Passage, Question, build_corpus, make_questions
 from servegym.pipeline.cpu.llm import LLMCallError
@@ -24,7 +25,6 @@ from servegym.pipeline.cpu.retrieval import (
     WorkerRetriever,
 )
 from servegym.pipeline.cpu.runner import PipelineSettings, run_pipeline
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.result import STAGES
 from tests.conftest import MockFactory
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from servegym.cpu_track import setup
-from servegym.cpu_track.home import track_paths
+from servegym.engines.cpu_home import track_paths
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from servegym.cpu_track.home import track_paths
 from servegym.cpu_track.setup import pipeline_ok
+from servegym.engines.cpu_home import track_paths
 from servegym.pipeline.files import load_result
 from servegym.runner.trial import run_trial, trial_folder
 from servegym.tasks.loader import LoadedTask, load_task_folder

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from servegym.engines.config import ServingConfig
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.engines.sim.launch import LaunchError, launch
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.pipeline.cost import final_recall, index_build_docs_per_s, search_s
 from servegym.pipeline.engine import PipelineEngine, launch_task
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.result import PipelineResult
 from servegym.pipeline.sim import simulate_pipeline
 from servegym.tasks.loader import LoadedTask, load_task, workload_spec

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from servegym.agents.search_space import IllegalConfig, load_search_space
 from servegym.engines.config import ServingConfig
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE, PIPELINE_FILE
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.result import PipelineResult
 from servegym.runner.environment import SimTaskEnvironment
 from servegym.runner.evaluation import evaluate

@@ -18,10 +18,10 @@ from servegym.agents.base import BudgetExhausted, TaskEnvironment, register_agen
 from servegym.cli.run import run_trial_command
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
+from servegym.run_folder import TRIAL_FILE
 from servegym.runner import trial as trial_module
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
-    TRIAL_FILE,
     VOLATILE_KEYS,
     TrialResult,
     read_trial,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from servegym.agents.base import WorkspaceError
 from servegym.engines.base import ModelRef
 from servegym.sandbox.local import (
     Limits,
@@ -21,6 +20,7 @@ from servegym.sandbox.local import (
     tree_digest,
 )
 from servegym.sandbox.registry import get_sandbox
+from servegym.sandbox.workspace import WorkspaceError
 
 KEY = "sk-ant-test-4f1c2b9e-never-in-a-sandbox"
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bwrap (bubblewrap) not installed")

@@ -139,7 +139,7 @@ def test_the_int4_trap_tempts(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> N
 def test_cpu_tasks_fit_the_cpu_track() -> None:
     """Three cpu-track tasks, each on servegym-tiny with prompts inside its vocabulary and
     context, each with an oracle that changes what the track rewards."""
-    from servegym.cpu_track.home import TINY_MODEL
+    from servegym.engines.cpu_home import TINY_MODEL
 
     cpu = [load_task_folder(f) for f in FOLDERS]
     cpu = [lo for lo in cpu if lo.task.track == "cpu"]

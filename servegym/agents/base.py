@@ -16,19 +16,11 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
 from servegym.errors import UserError
 from servegym.registry import Registry
+from servegym.sandbox.workspace import CommandResult
 from servegym.scoring.metrics import Metrics
-
-
-class KnobInfo(BaseModel):
-    """One tunable knob as the agent is told about it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    default: str
-    help: str
 
 
 class BudgetState(BaseModel):
@@ -148,19 +140,6 @@ class TaskEnvironment(Protocol):
         ...
 
 
-class CommandResult(BaseModel):
-    """One command run in an agent's workspace sandbox (the ``bash`` tool)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: str
-    exit_code: int | None = Field(description="None when it was killed at its timeout")
-    output: str = Field(description="stdout and stderr together, cut to the cap")
-    timed_out: bool = False
-    truncated: bool = False
-    seconds: float = 0.0
-
-
 class Workspace(Protocol):
     """The agent's working folder on a real track, inside its sandbox. Paths are relative
     to the workspace root; one that leaves it is refused with :class:`WorkspaceError`."""
@@ -172,10 +151,6 @@ class Workspace(Protocol):
     def write_file(self, path: str, content: str) -> int:
         """Write ``content`` (UTF-8); returns the bytes written."""
         ...
-
-
-class WorkspaceError(Exception):
-    """A workspace request the agent can correct (a path outside it, a missing file)."""
 
 
 class WorkspaceEnvironment(TaskEnvironment, Protocol):

@@ -18,9 +18,9 @@ from typing import IO, Any
 
 from servegym.agents.base import TaskEnvironment, register_agent
 from servegym.agents.llm.tools import call_tool
-from servegym.agents.llm.types import ToolCall
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
+from servegym.providers.types import ToolCall
 
 
 def load_script(path: Path) -> list[ToolCall]:

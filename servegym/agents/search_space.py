@@ -25,9 +25,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servegym.engines.config import ServingConfig, SpeculativeConfig
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.errors import UserError
 from servegym.paths import data_dir
-from servegym.pipeline.knobs import PipelineKnobs
 
 if TYPE_CHECKING:
     import optuna

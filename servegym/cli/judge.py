@@ -29,7 +29,7 @@ def judge(
     and are kept with its answer in judge.json."""
     import asyncio
 
-    from servegym.scoring.judge import judge_folders
+    from servegym.reporting.judge import judge_folders
 
     try:
         with err_console.status(f"judging {len(trials)} trial(s) with {model}"):

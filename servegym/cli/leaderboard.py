@@ -18,7 +18,7 @@ from servegym.cli.console import print_user_error
 from servegym.errors import UserError
 
 if TYPE_CHECKING:
-    from servegym.scoring.leaderboard import Leaderboard
+    from servegym.reporting.leaderboard import Leaderboard
 
 RANK_COLUMNS: tuple[str, ...] = ("rank", "agent", "tasks", "runs")
 PROCESS_COLUMNS: tuple[str, ...] = (
@@ -35,8 +35,8 @@ _SHORT = {
 def rich_table(board: Leaderboard) -> Group:
     """The leaderboard for a terminal: three narrow Rich tables (ranking; outcome shares;
     process and cost) over the same agents, then the notes."""
+    from servegym.reporting.leaderboard import OUTCOME_LABELS, display_frame
     from servegym.runner.results import OUTCOMES
-    from servegym.scoring.leaderboard import OUTCOME_LABELS, display_frame
 
     frame = display_frame(board)
     cols = list(frame.columns)
@@ -77,7 +77,7 @@ def leaderboard_command(
     report too. Raises :class:`UserError` for bad input."""
     import sys
 
-    from servegym.scoring.leaderboard import (
+    from servegym.reporting.leaderboard import (
         FORMATS,
         build_leaderboard,
         default_task,
@@ -106,7 +106,7 @@ def leaderboard_command(
     else:
         sys.stdout.write(format_json(board))
     if html is not None:
-        from servegym.scoring.report import write_report
+        from servegym.reporting.report import write_report
 
         chosen = task if task is not None else default_task(df)
         try:

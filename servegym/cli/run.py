@@ -162,7 +162,7 @@ def render_trial(result: TrialResult, folder: Path | None = None) -> Group:
             )
         )
     if folder is not None:
-        from servegym.runner.results import TRIAL_FILE
+        from servegym.run_folder import TRIAL_FILE
 
         lines.append(Text(f"wrote {folder / TRIAL_FILE}", style="dim"))
     return Group(table, gates, *lines)
@@ -184,7 +184,7 @@ def run_trial_command(
     is where task ids are looked up (default: the shipped tasks)."""
     from servegym.agents.base import make_agent
     from servegym.cli.trial_progress import RichTrialProgress
-    from servegym.runner.results import TRIAL_FILE
+    from servegym.run_folder import TRIAL_FILE
     from servegym.runner.trial import run_trial, trial_folder
     from servegym.tasks.loader import load_task
 

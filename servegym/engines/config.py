@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servegym.pipeline.knobs import PipelineKnobs
+from servegym.engines.pipeline_knobs import PipelineKnobs
 
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 WeightQuantization = Literal["none", "fp8", "int8", "awq", "gptq", "int4"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from servegym.engines.base import ModelRef
+from servegym.engines.cpu_home import TINY_MODEL, track_paths
 from servegym.errors import UserError
 
 
 def resolve_model(name_or_path: str, served_name: str | None = None) -> ModelRef:
     """``servegym-tiny`` (the CPU track's model), a local model folder, or a hub id (which
     the engine must find in its own cache: nothing is downloaded)."""
-    from servegym.cpu_track.home import TINY_MODEL, track_paths
 
     if name_or_path == TINY_MODEL:
         path = track_paths().tiny_model

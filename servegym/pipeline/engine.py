@@ -22,11 +22,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from servegym.engines.config import ServingConfig
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError, launch
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_model
 from servegym.pipeline.cost import encoder_memory_gib, final_recall, index_build_docs_per_s
-from servegym.pipeline.knobs import PipelineKnobs
-from servegym.pipeline.spec import PipelineSpec
+from servegym.tasks.pipeline_spec import PipelineSpec
 from servegym.tasks.spec import Task
 
 

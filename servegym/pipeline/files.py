@@ -13,7 +13,7 @@ from pathlib import Path
 
 from servegym.errors import UserError
 from servegym.pipeline.result import PipelineResult
-from servegym.runner.results import TRIAL_FILE, write_atomic
+from servegym.run_folder import TRIAL_FILE, write_atomic
 from servegym.scoring.objectives import ObjectiveMeasurement
 
 PIPELINE_FILE = "pipeline.json"

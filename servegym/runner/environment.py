@@ -40,20 +40,15 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from servegym.agents.base import (
-    BudgetExhausted,
-    BudgetState,
-    ExperimentResult,
-    KnobInfo,
-    TaskDescription,
-)
+from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, TaskDescription
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import LauncherSubmission
+from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.pipeline.engine import launch_task
-from servegym.pipeline.knobs import pipeline_knob_infos
 from servegym.runner.secrets import stable_seed
 from servegym.scoring.objectives import (
     ObjectiveMeasurement,

@@ -33,28 +33,28 @@ from servegym.agents.base import (
     BudgetExhausted,
     BudgetState,
     ExperimentResult,
-    KnobInfo,
     TaskDescription,
     Tuning,
-    WorkspaceError,
 )
-from servegym.cpu_track.home import TINY_MODEL
 from servegym.cpu_track.reference import Reference, agreement, reference_outputs
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL
+from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.models import resolve_model
+from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.process import read_tail
 from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
 from servegym.pipeline.cpu import experiment as pipeline_experiment
-from servegym.pipeline.knobs import pipeline_knob_infos
 from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
 from servegym.runner.real_measure import measure_run, real_objective_problem
 from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
 from servegym.runner.workspace_config import read_workspace_config, write_workspace_config
 from servegym.sandbox.local import Isolation, tree_digest
+from servegym.sandbox.workspace import WorkspaceError
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
 from servegym.workloads.model import Workload

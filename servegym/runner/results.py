@@ -47,9 +47,7 @@ sorted and cut to :data:`LATENCY_CAP` values (:func:`capped_sorted`).
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -58,12 +56,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from servegym.agents.base import ExperimentResult
+from servegym.run_folder import TRIAL_FILE, write_atomic
 from servegym.scoring.gates import GateResult
 from servegym.scoring.metrics import Metrics, RequestLatencies
 from servegym.scoring.objectives import IntegrityCounts
 
 SCHEMA = "servegym.trial/1"
-TRIAL_FILE = "trial.json"
 EXPERIMENTS_FILE = "experiments.jsonl"
 LATENCIES_FILE = "latencies.json"
 LATENCIES_SCHEMA = "servegym.latencies/1"
@@ -251,21 +249,6 @@ def trial_dir_name(task: str, agent: str, seed: int) -> str:
     ``/``) become ``_``."""
     safe = re.sub(r"[^A-Za-z0-9._:+-]", "_", agent)
     return f"{task}__{safe}__s{seed}"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def flag_trial(result: TrialResult, findings: Sequence[str]) -> None:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.agents.base import make_agent
 from servegym.errors import UserError
-from servegym.runner.results import TRIAL_FILE
+from servegym.run_folder import TRIAL_FILE
 from servegym.runner.trial import trial_folder
 from servegym.tasks.loader import list_tasks, load_task
 

@@ -44,11 +44,12 @@ import pydantic
 
 import servegym
 from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, make_agent
-from servegym.cpu_track.home import track_paths
 from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
 from servegym.pipeline.files import write_pipeline_files
+from servegym.run_folder import TRIAL_FILE
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
@@ -57,7 +58,6 @@ from servegym.runner.real_evaluation import evaluate_real
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     LATENCIES_FILE,
-    TRIAL_FILE,
     BudgetSummary,
     Outcome,
     ProcessStats,

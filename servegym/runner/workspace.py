@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from servegym.agents.base import LAUNCHER, BudgetExhausted, CommandResult
+from servegym.agents.base import LAUNCHER, BudgetExhausted
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import launcher_script
 from servegym.runner.agent_watch import ActionLog
 from servegym.sandbox.local import Isolation, LocalSandbox
+from servegym.sandbox.workspace import CommandResult
 from servegym.tasks.spec import Task
 
 MAX_COMMAND_TIMEOUT_S = 1800.0

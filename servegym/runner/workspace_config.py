@@ -16,9 +16,11 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-from servegym.agents.base import CONFIG_FILE, KnobInfo, WorkspaceError
+from servegym.agents.base import CONFIG_FILE
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
 from servegym.overrides import validation_message
+from servegym.sandbox.workspace import WorkspaceError
 
 HEADER = """\
 # The serving config this workspace submits: the LLM server's knobs at the top level, the

@@ -36,10 +36,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from servegym.agents.base import CommandResult, WorkspaceError
 from servegym.engines.base import LaunchSpec, ModelRef
 from servegym.engines.process import child_setup, rlimit_pairs
 from servegym.sandbox.registry import register_sandbox
+from servegym.sandbox.workspace import CommandResult, WorkspaceError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Checking that a submission's server runs with the environment the harness pins.
 
 A task's engine can pin variables on every launch and workspace command (the CPU track pins
-its hardware class, :mod:`servegym.cpu_track.isa`); a config cannot change them, but a
+its hardware class, :mod:`servegym.engines.cpu_isa`); a config cannot change them, but a
 workspace launcher is a script, and a script can ``export`` another value or ``unset`` one.
 Once the server answers, :func:`unpinned` reads the environment every process of its tree
 started with (``/proc/PID/environ``) and reports each process that does not carry the pinned

@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servegym.engines.config import ServingConfig
-from servegym.pipeline.spec import PipelineSpec
 from servegym.scoring.sla import SLA
+from servegym.tasks.pipeline_spec import PipelineSpec
 from servegym.workloads.rng import MAX_SEED
 from servegym.workloads.spec import MAX_COUNT, MAX_SCALE
 

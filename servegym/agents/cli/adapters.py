@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servegym.agents.base import CONFIG_FILE, LAUNCHER, BudgetState, Tuning
-from servegym.agents.cli.providers import Provider
 from servegym.errors import UserError
+from servegym.providers.vendors import Vendor
 
 if TYPE_CHECKING:  # the Docker SDK is loaded when a container is built, not on registration
     from servegym.sandbox.docker_runner import ContainerSpec
@@ -111,7 +111,7 @@ class CliAdapter:
     cli: ClassVar[str]
     """The agent's registered name, e.g. ``claude-code``."""
     executable: ClassVar[str]
-    provider: Provider
+    provider: Vendor
     """Which provider the proxy fronts for it."""
 
     def __init__(self, model: str | None = None) -> None:
@@ -176,7 +176,7 @@ class ClaudeCodeAdapter(CliAdapter):
 
     cli = "claude-code"
     executable = "claude"
-    provider: Provider = "anthropic"
+    provider: Vendor = "anthropic"
 
     def command(self, prompt: str) -> list[str]:
         argv = ["claude", "-p", prompt, "--output-format", "stream-json", "--verbose"]
@@ -199,7 +199,7 @@ class CodexAdapter(CliAdapter):
 
     cli = "codex"
     executable = "codex"
-    provider: Provider = "openai"
+    provider: Vendor = "openai"
 
     def command(self, prompt: str) -> list[str]:
         argv = [
@@ -226,7 +226,7 @@ class GeminiCliAdapter(CliAdapter):
 
     cli = "gemini-cli"
     executable = "gemini"
-    provider: Provider = "gemini"
+    provider: Vendor = "gemini"
 
     def command(self, prompt: str) -> list[str]:
         argv = ["gemini", "-p", prompt]
@@ -238,7 +238,7 @@ class GeminiCliAdapter(CliAdapter):
         return {"GOOGLE_GEMINI_BASE_URL": proxy_url, "GEMINI_API_KEY": credential}
 
 
-OPENCODE_PROVIDERS: dict[str, Provider] = {
+OPENCODE_PROVIDERS: dict[str, Vendor] = {
     "anthropic": "anthropic",
     "openai": "openai",
     "google": "gemini",

@@ -58,8 +58,9 @@ from servegym.agents.cli.adapters import (
     continuation_prompt,
     first_prompt,
 )
-from servegym.agents.cli.providers import normalise_upstream, read_api_key
+from servegym.agents.cli.keys import read_api_key
 from servegym.errors import UserError
+from servegym.providers.vendors import normalise_upstream
 
 if TYPE_CHECKING:  # aiohttp and the Docker SDK load when a trial runs, not on registration
     from servegym.agents.cli.control import ControlServer

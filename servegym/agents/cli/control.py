@@ -36,10 +36,10 @@ from servegym.agents.base import (
     BudgetState,
     ExperimentResult,
     WorkspaceEnvironment,
-    WorkspaceError,
 )
 from servegym.agents.llm.tools import experiment_summary
 from servegym.aio_serve import serve_app
+from servegym.sandbox.workspace import WorkspaceError
 
 LOG_TAIL_CHARS = 2000
 """The benchmark answer carries at most this much of the server log's end."""

@@ -33,27 +33,11 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from servegym.agents.cli.providers import (
-    KEY_ENV,
-    PLACEHOLDER_KEY,
-    PROVIDERS,
-    UPSTREAM,
-    Provider,
-    normalise_upstream,
-    read_api_key,
-)
+from servegym.agents.cli.keys import PLACEHOLDER_KEY, read_api_key
 from servegym.aio_serve import serve_app
+from servegym.providers.vendors import UPSTREAM, VENDORS, Vendor, normalise_upstream
 
-__all__ = [
-    "KEY_ENV",
-    "PLACEHOLDER_KEY",
-    "UPSTREAM",
-    "KeyProxy",
-    "Provider",
-    "client_credential",
-    "normalise_upstream",
-    "read_api_key",
-]
+__all__ = ["KeyProxy", "client_credential", "read_api_key"]
 
 CREDENTIAL_HEADERS = frozenset(
     {"authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization"}
@@ -93,7 +77,7 @@ class KeyProxy:
 
     def __init__(
         self,
-        provider: Provider,
+        provider: Vendor,
         api_key: str,
         *,
         upstream: str | None = None,
@@ -103,9 +87,9 @@ class KeyProxy:
         connect_timeout_s: float = 30.0,
         read_timeout_s: float = 900.0,
     ) -> None:
-        if provider not in PROVIDERS:
-            raise ValueError(f"unknown provider {provider!r} (known: {', '.join(PROVIDERS)})")
-        self.provider: Provider = provider
+        if provider not in VENDORS:
+            raise ValueError(f"unknown provider {provider!r} (known: {', '.join(VENDORS)})")
+        self.provider: Vendor = provider
         self._api_key = api_key
         self.upstream = normalise_upstream(provider, upstream or UPSTREAM[provider])
         self.client_token = client_token

@@ -34,25 +34,19 @@ from pydantic import BaseModel
 
 from servegym.agents.base import LAUNCHER, TaskDescription, TaskEnvironment, register_agent
 from servegym.agents.llm.context import needs_trimming, shorten_old_results
-from servegym.agents.llm.cost import cost_of
-from servegym.agents.llm.providers import (
-    AnthropicProvider,
-    OpenAIProvider,
-    Provider,
-    ProviderUnavailable,
-    RetryPolicy,
-    resolve_api_key,
-)
 from servegym.agents.llm.tools import call_tool, tools_for
-from servegym.agents.llm.types import (
+from servegym.engines.config import ServingConfig
+from servegym.errors import UserError
+from servegym.providers.choose import choose_provider
+from servegym.providers.clients import Provider, ProviderUnavailable, RetryPolicy
+from servegym.providers.cost import cost_of
+from servegym.providers.types import (
     Message,
     ToolResult,
     ToolResultsMessage,
     Usage,
     UserMessage,
 )
-from servegym.engines.config import ServingConfig
-from servegym.errors import UserError
 
 
 def load_prompt(name: str) -> str:
@@ -229,12 +223,6 @@ def _settings(options: dict[str, Any]) -> Settings:
     return Settings(**options)
 
 
-def _need_model(kind: str, model: str | None) -> str:
-    if not model:
-        raise UserError(f"--agent {kind}: name the model, e.g. --agent {kind}:MODEL")
-    return model
-
-
 @register_agent("anthropic")
 def anthropic_agent(
     model: str | None = None,
@@ -242,17 +230,7 @@ def anthropic_agent(
     api_key_env: str | None = None,
     **options: Any,
 ) -> LLMAgent:
-    m = _need_model("anthropic", model)
-    key = resolve_api_key("anthropic", api_key_env)
-    settings = _settings(options)
-    return LLMAgent(
-        f"anthropic:{m}",
-        m,
-        lambda: AnthropicProvider(
-            m, key, base_url=base_url, api_key_env=api_key_env, retry=settings.retry()
-        ),
-        settings,
-    )
+    return _model_agent("anthropic", model, base_url, api_key_env, options)
 
 
 @register_agent("openai")
@@ -262,17 +240,7 @@ def openai_agent(
     api_key_env: str | None = None,
     **options: Any,
 ) -> LLMAgent:
-    m = _need_model("openai", model)
-    key = resolve_api_key("openai", api_key_env)
-    settings = _settings(options)
-    return LLMAgent(
-        f"openai:{m}",
-        m,
-        lambda: OpenAIProvider(
-            m, key, base_url=base_url, api_key_env=api_key_env, retry=settings.retry()
-        ),
-        settings,
-    )
+    return _model_agent("openai", model, base_url, api_key_env, options)
 
 
 @register_agent("openai-compatible")
@@ -282,22 +250,20 @@ def openai_compatible_agent(
     api_key_env: str | None = None,
     **options: Any,
 ) -> LLMAgent:
-    m = _need_model("openai-compatible", model)
-    if not base_url:
-        raise UserError("--agent openai-compatible: needs --base-url (the server's /v1 URL)")
-    key = resolve_api_key("openai-compatible", api_key_env, allow_placeholder=True)
+    return _model_agent("openai-compatible", model, base_url, api_key_env, options)
+
+
+def _model_agent(
+    kind: str,
+    model: str | None,
+    base_url: str | None,
+    api_key_env: str | None,
+    options: dict[str, Any],
+) -> LLMAgent:
+    """The agent of ``kind:model``: the spec and the key are checked now, the settings next,
+    and the provider is made when the trial starts."""
+    choice = choose_provider(kind, model, base_url, api_key_env)
     settings = _settings(options)
     return LLMAgent(
-        f"openai-compatible:{m}",
-        m,
-        lambda: OpenAIProvider(
-            m,
-            key,
-            base_url=base_url,
-            api_key_env=api_key_env,
-            name="openai-compatible",
-            max_tokens_field="max_tokens",
-            retry=settings.retry(),
-        ),
-        settings,
+        f"{kind}:{choice.model}", choice.model, lambda: choice.make(settings.retry()), settings
     )

@@ -5,7 +5,7 @@ whole: they are what the model is reasoning about."""
 
 from __future__ import annotations
 
-from servegym.agents.llm.types import Message, ToolResult, ToolResultsMessage
+from servegym.providers.types import Message, ToolResult, ToolResultsMessage
 
 KEEP_RECENT = 2
 """Tool-result messages at the end of the conversation that are never shortened."""

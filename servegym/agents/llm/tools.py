@@ -27,10 +27,10 @@ from servegym.agents.base import (
     TaskEnvironment,
     Tuning,
     WorkspaceEnvironment,
-    WorkspaceError,
 )
-from servegym.agents.llm.types import ToolCall, ToolSpec
 from servegym.engines.config import ServingConfig
+from servegym.providers.types import ToolCall, ToolSpec
+from servegym.sandbox.workspace import WorkspaceError
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.errors import UserError
 from servegym.overrides import parse_value
 from servegym.pipeline.cpu.corpus import MODULES, build_corpus, make_questions
 from servegym.pipeline.cpu.retrieval import WorkerRetriever
 from servegym.pipeline.cpu.runner import CpuPipelineRun, PipelineSettings, run_pipeline
-from servegym.pipeline.knobs import PipelineKnobs
 
 
 def _parser() -> argparse.ArgumentParser:

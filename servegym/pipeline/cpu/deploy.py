@@ -33,17 +33,17 @@ from servegym.engines.base import Engine, ModelRef
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
 from servegym.engines.models import resolve_model
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.engines.process import ServerError, ServerProcess
 from servegym.engines.served import ManagedServer
 from servegym.errors import UserError
 from servegym.pipeline.cpu.corpus import MODULES, Corpus, Question, build_corpus, make_questions
 from servegym.pipeline.cpu.retrieval import BuildStats, WorkerRetriever
 from servegym.pipeline.cpu.runner import CpuPipelineRun, PipelineSettings, run_pipeline
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.measure import pipeline_measurement
-from servegym.pipeline.spec import PipelineSpec
 from servegym.scoring.objectives import IntegrityCounts, ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask
+from servegym.tasks.pipeline_spec import PipelineSpec
 from servegym.tasks.spec import ObjectiveSpec
 
 DEFAULT_QUESTIONS = 16

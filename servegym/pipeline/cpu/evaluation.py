@@ -44,7 +44,6 @@ from servegym.pipeline.cpu.deploy import (
     run_side,
 )
 from servegym.pipeline.cpu.runner import CpuPipelineRun
-from servegym.pipeline.spec import PipelineSpec
 from servegym.runner.environment import HarnessError
 from servegym.runner.evaluation import (
     Evaluation,
@@ -60,6 +59,7 @@ from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.objectives import UNITS, IntegrityCounts, ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask
+from servegym.tasks.pipeline_spec import PipelineSpec
 
 WARMUP_QUESTIONS = 2
 NOT_A_CONFIG = (

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servegym.cpu_track.isa import CPU_ISA_ENV
+from servegym.engines.cpu_isa import CPU_ISA_ENV
 from servegym.errors import UserError
 
 WORKER = Path(__file__).with_name("worker.py")

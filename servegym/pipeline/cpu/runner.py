@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
+from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.errors import UserError
 from servegym.pipeline.cpu.batcher import QueryBatcher
 from servegym.pipeline.cpu.corpus import Corpus, Passage, Question
 from servegym.pipeline.cpu.llm import complete, new_session
 from servegym.pipeline.cpu.recall import recall_at_k
 from servegym.pipeline.cpu.retrieval import BuildStats, Retriever
-from servegym.pipeline.knobs import PipelineKnobs
 from servegym.pipeline.result import PipelineResult, TaskRecord
 
 

@@ -1,7 +1,7 @@
 """The leaderboard's HTML report: one self-contained file, no network, no JavaScript.
 
-:func:`render_report` turns a :func:`~servegym.scoring.leaderboard.trials_frame` and its
-:class:`~servegym.scoring.leaderboard.Leaderboard` into one HTML page:
+:func:`render_report` turns a :func:`~servegym.reporting.leaderboard.trials_frame` and its
+:class:`~servegym.reporting.leaderboard.Leaderboard` into one HTML page:
 
 1. the leaderboard table, with its notes;
 2. per-task scores with their intervals (a table and a dot-and-whisker plot);
@@ -34,8 +34,7 @@ import numpy as np
 import pandas as pd
 
 from servegym.pipeline.report import pipeline_section
-from servegym.runner.results import OUTCOMES, write_atomic
-from servegym.scoring.leaderboard import (
+from servegym.reporting.leaderboard import (
     LEVEL,
     Leaderboard,
     curves_frame,
@@ -43,6 +42,8 @@ from servegym.scoring.leaderboard import (
     latencies_frame,
     score_cell,
 )
+from servegym.run_folder import write_atomic
+from servegym.runner.results import OUTCOMES
 
 OUTCOME_COLOURS: dict[str, str] = {
     "scored": "#2e7d32",

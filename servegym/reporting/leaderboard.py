@@ -34,10 +34,10 @@ import pandas as pd
 from pydantic import ValidationError
 
 from servegym.errors import UserError
+from servegym.run_folder import TRIAL_FILE
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     OUTCOMES,
-    TRIAL_FILE,
     TrialResult,
     read_latencies,
     read_trial,

@@ -22,10 +22,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from servegym.agents.llm.cost import cost_of
-from servegym.agents.llm.providers import Provider
-from servegym.agents.llm.types import UserMessage
 from servegym.errors import UserError
+from servegym.providers.choose import PROVIDER_KINDS, choose_provider
+from servegym.providers.clients import Provider, RetryPolicy
+from servegym.providers.cost import cost_of
+from servegym.providers.types import UserMessage
 from servegym.runner.results import TrialResult, flag_trial, read_trial, write_trial
 
 JUDGE_FILE = "judge.json"
@@ -169,22 +170,16 @@ async def judge_trial(folder: Path, provider: Provider, *, max_tokens: int = 2_0
 
 
 def judge_provider(spec: str, base_url: str | None, api_key_env: str | None) -> Provider:
-    """The provider of a model agent spec (``anthropic:MODEL``, ``openai:MODEL``,
-    ``openai-compatible:MODEL``), built exactly as that agent builds its own."""
-    from servegym.agents.base import make_agent
-
-    kind = spec.split(":", 1)[0]
-    if kind not in ("anthropic", "openai", "openai-compatible") or ":" not in spec:
+    """The provider of a model spec (``anthropic:MODEL``, ``openai:MODEL``,
+    ``openai-compatible:MODEL``), built exactly as the model agent of that spec builds its
+    own (:mod:`servegym.providers.choose`, with the agents' default retries)."""
+    kind, sep, model = spec.partition(":")
+    if kind not in PROVIDER_KINDS or not sep:
         raise UserError(
             f"--model: '{spec}' is not anthropic:MODEL, openai:MODEL or openai-compatible:MODEL"
         )
-    options = {k: v for k, v in (("base_url", base_url), ("api_key_env", api_key_env)) if v}
-    agent = make_agent(spec, **options)
-    make: Any = getattr(agent, "make_provider", None)
-    if make is None:
-        raise UserError(f"--model: '{spec}' has no provider")
-    provider: Provider = make()
-    return provider
+    choice = choose_provider(kind, model, base_url or None, api_key_env or None)
+    return choice.make(RetryPolicy())
 
 
 async def judge_folders(

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from servegym.agents.llm.types import Usage
 from servegym.errors import UserError
+from servegym.providers.types import Usage
 
 __all__ = ["Price", "PriceTable", "cost_of", "default_price_table", "load_price_table", "price_for"]
 
@@ -116,8 +116,8 @@ def load_price_table(path: Path | str | None = None) -> PriceTable:
 @lru_cache(maxsize=1)
 def default_price_table() -> PriceTable:
     """The price table shipped with ServeGym."""
-    ref = resources.files("servegym.agents.llm").joinpath("pricing.toml")
-    return _parse(ref.read_text(encoding="utf-8"), "servegym/agents/llm/pricing.toml")
+    ref = resources.files("servegym.providers").joinpath("pricing.toml")
+    return _parse(ref.read_text(encoding="utf-8"), "servegym/providers/pricing.toml")
 
 
 def price_for(model: str, table: PriceTable | None = None) -> Price | None:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servegym.agents.llm.types import (
+from servegym.errors import UserError
+from servegym.providers.types import (
     AssistantMessage,
     Message,
     ModelTurn,
@@ -48,7 +49,7 @@ from servegym.agents.llm.types import (
     Usage,
     UserMessage,
 )
-from servegym.errors import UserError
+from servegym.providers.vendors import KEY_ENV
 
 if TYPE_CHECKING:  # the SDKs take seconds to import: loaded when a provider is made
     import anthropic
@@ -83,9 +84,9 @@ SleepFn = Callable[[float], Awaitable[None]]
 """How a provider waits between retries (``asyncio.sleep`` unless a test injects another)."""
 
 DEFAULT_KEY_ENV: dict[str, str] = {
-    "anthropic": "ANTHROPIC_API_KEY",
-    "openai": "OPENAI_API_KEY",
-    "openai-compatible": "OPENAI_API_KEY",
+    "anthropic": KEY_ENV["anthropic"],
+    "openai": KEY_ENV["openai"],
+    "openai-compatible": KEY_ENV["openai"],
 }
 """The environment variable each provider's key is read from unless another is named."""
 
@@ -547,7 +548,7 @@ class AnthropicProvider(_RetryingProvider):
     """
 
     _name = "anthropic"
-    _default_key_env = "ANTHROPIC_API_KEY"
+    _default_key_env = KEY_ENV["anthropic"]
 
     def __init__(
         self,
@@ -731,7 +732,7 @@ class OpenAIProvider(_RetryingProvider):
     ``max_tokens`` some compatible servers still want). ``reasoning_effort`` is sent as is.
     """
 
-    _default_key_env = "OPENAI_API_KEY"
+    _default_key_env = KEY_ENV["openai"]
 
     def __init__(
         self,

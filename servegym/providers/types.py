@@ -1,6 +1,6 @@
 """Provider-neutral types of an LLM conversation with tools.
 
-The agent loop speaks only these types; each provider (:mod:`servegym.agents.llm.providers`)
+The agent loop speaks only these types; each provider (:mod:`servegym.providers.clients`)
 converts them to and from its own wire format. All are pydantic models, so a trajectory can
 write any of them with ``model_dump(mode="json")`` and read it back.
 
