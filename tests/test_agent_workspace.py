@@ -18,11 +18,10 @@ from servegym.agents.base import LAUNCHER, BudgetExhausted, WorkspaceError, make
 from servegym.agents.llm.fakes import FakeOpenAI, final_text, tool_call
 from servegym.engines.base import ModelRef
 from servegym.engines.launcher import LauncherSubmission
-from servegym.runner.evaluation import Evaluation
+from servegym.runner.evaluation import Evaluation, evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
-from servegym.runner.evaluation import evaluate
-from servegym.tracks import track_for
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 
@@ -117,7 +116,17 @@ def test_the_submission_is_scored_from_its_snapshot_in_a_fresh_sandbox(
     # what the agent does after submitting changes nothing of what is scored
     env.workspace.write_file(LAUNCHER, "#!/usr/bin/env bash\nexit 1\n")
     env.close()
-    ev = evaluate(loaded, submission, 12345, track=track_for(loaded, server_logs=tmp_path / "trial" / "servers", engine=StandInEngine(tmp_path / "pid2"), model=model))
+    ev = evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=StandInEngine(tmp_path / "pid2"),
+            model=model,
+        ),
+    )
     assert ev.outcome == "scored", ev.gates
     assert ev.paired is not None and ev.paired.score > 1.5
     assert ev.submission is not None and ev.submission.config["launcher"] == LAUNCHER
@@ -131,7 +140,17 @@ def test_a_submission_without_its_launcher_is_flagged(
     snap = tmp_path / "snap"
     snap.mkdir()
     sub = LauncherSubmission(path=str(snap), files=0, bytes=0, digest="0" * 64)
-    ev = evaluate(loaded, sub, 7, track=track_for(loaded, server_logs=tmp_path / "servers", engine=StandInEngine(tmp_path / "pid"), model=model))  # fmt: skip
+    ev = evaluate(
+        loaded,
+        sub,
+        7,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "servers",
+            engine=StandInEngine(tmp_path / "pid"),
+            model=model,
+        ),
+    )
     assert (
         ev.outcome == "integrity_flagged" and "no start_server.sh" in ev.gates["integrity"].detail
     )
@@ -221,13 +240,34 @@ def test_a_launcher_that_needs_state_outside_its_files_is_named(
     submission = env.submission
     assert isinstance(submission, LauncherSubmission)
     env.close()
-    ev = evaluate(loaded, submission, 12345, track=track_for(loaded, server_logs=tmp_path / "trial" / "servers", engine=StandInEngine(tmp_path / "pid2"), model=model), ran_in_workspace=[str(r.config["digest"])])  # fmt: skip
+    ev = evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=StandInEngine(tmp_path / "pid2"),
+            model=model,
+        ),
+        ran_in_workspace=[str(r.config["digest"])],
+    )
     assert ev.outcome == "launch_failed"
     launch = ev.gates["launch"]
     (finding,) = [f for f in launch.findings if f.startswith("state_outside_submission")]
     assert "the same files" in finding and "exit code 3" in finding
     # a launcher that never ran in the workspace fails without the finding
-    ev2 = evaluate(loaded, submission, 12345, track=track_for(loaded, server_logs=tmp_path / "trial" / "servers2", engine=StandInEngine(tmp_path / "pid3"), model=model))  # fmt: skip
+    ev2 = evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers2",
+            engine=StandInEngine(tmp_path / "pid3"),
+            model=model,
+        ),
+    )
     assert ev2.outcome == "launch_failed"
     assert not any("state_outside" in f for f in ev2.gates["launch"].findings)
 
@@ -285,7 +325,17 @@ def test_a_launcher_that_calls_out_at_evaluation_time_is_flagged(
     assert isinstance(submission, LauncherSubmission)
     env.close()
     try:
-        ev = evaluate(loaded, submission, 12345, track=track_for(loaded, server_logs=tmp_path / "trial" / "servers", engine=StandInEngine(tmp_path / "pid2"), model=model))  # fmt: skip
+        ev = evaluate(
+            loaded,
+            submission,
+            12345,
+            track=track_for(
+                loaded,
+                server_logs=tmp_path / "trial" / "servers",
+                engine=StandInEngine(tmp_path / "pid2"),
+                model=model,
+            ),
+        )
     finally:
         api.close()
     assert ev.outcome == "integrity_flagged", ev.gates
@@ -311,7 +361,17 @@ def submit_and_evaluate(
     submission = env.submission
     assert isinstance(submission, LauncherSubmission)
     env.close()
-    return evaluate(loaded, submission, 12345, track=track_for(loaded, server_logs=tmp_path / "trial" / "servers", engine=PinnedStandIn(tmp_path / "pid2"), model=model))  # fmt: skip
+    return evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=PinnedStandIn(tmp_path / "pid2"),
+            model=model,
+        ),
+    )
 
 
 def test_an_honest_launcher_shows_no_egress_and_keeps_the_pinned_environment(

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from servegym.runner.evaluation import evaluate
-from servegym.tracks import track_for
-from servegym.tasks.secrets import scoring_seed
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import scoring_seed
+from servegym.tracks import track_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cputrack]
 TASK = "cpu-shared-prefix-ttft"

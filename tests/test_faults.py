@@ -25,9 +25,9 @@ from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.runner import results as results_module
 from servegym.runner.evaluation import evaluate as final_evaluation
-from servegym.tracks import track_for
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 MODEL = ModelRef(path="mock", served_name="mock")
@@ -80,7 +80,17 @@ class FaultyEngine(StandInEngine):
 
 
 def evaluate(loaded: LoadedTask, tmp_path: Path, config: ServingConfig):  # type: ignore[no-untyped-def]
-    return final_evaluation(loaded, config, 7, track=track_for(loaded, server_logs=tmp_path / "servers", engine=FaultyEngine(tmp_path / "pid"), model=MODEL))  # fmt: skip
+    return final_evaluation(
+        loaded,
+        config,
+        7,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "servers",
+            engine=FaultyEngine(tmp_path / "pid"),
+            model=MODEL,
+        ),
+    )
 
 
 def test_a_server_that_exits_at_start_is_a_launch_failure(

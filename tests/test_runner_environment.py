@@ -16,8 +16,8 @@ from servegym.runner.environment import (
     TRUNCATED_NOTE,
     SimTaskEnvironment,
 )
-from servegym.tasks.secrets import DEFAULT_SECRET, scoring_seed, stable_seed
 from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import DEFAULT_SECRET, scoring_seed, stable_seed
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 

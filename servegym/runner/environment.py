@@ -55,15 +55,16 @@ from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.errors import HarnessError
 from servegym.pipeline.engine import launch_task
 from servegym.pipeline.knobs import pipeline_knob_infos
-from servegym.tasks.secrets import stable_seed
+from servegym.runner.agent_watch import Action
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
+from servegym.tracks.sim import first_rate
+from servegym.tracks.sim_measure import measure_objective
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
-from servegym.tracks.sim import first_rate
-from servegym.tracks.sim_measure import measure_objective
 from servegym.workloads.summary import summarise
 
 LAUNCH_FAILURE_SIM_SECONDS = 30.0
@@ -141,6 +142,14 @@ class EnvironmentBase:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def workspace_commands(self) -> int | None:
+        """Commands the agent ran in its workspace (None: the task has no workspace)."""
+        return None
+
+    def workspace_actions(self) -> list[Action]:
+        """Every workspace action the agent asked for (for the agent watch)."""
+        return []
 
     def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
         if quick not in self._specs:

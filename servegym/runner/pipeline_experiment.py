@@ -26,7 +26,7 @@ from servegym.agents.base import ExperimentResult
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.engines.process import read_tail
-from servegym.errors import UserError
+from servegym.errors import HarnessError, UserError
 from servegym.pipeline.cpu.deploy import (
     CpuPipelineTask,
     Deployment,
@@ -36,7 +36,6 @@ from servegym.pipeline.cpu.deploy import (
     run_side,
 )
 from servegym.pipeline.cpu.runner import CpuPipelineRun
-from servegym.errors import HarnessError
 from servegym.runner.environment import changed_knobs
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask

@@ -38,28 +38,27 @@ from servegym.agents.base import (
     Tuning,
     WorkspaceError,
 )
-from servegym.cpu_track.home import TINY_MODEL
-from servegym.cpu_track.reference import Reference, agreement, reference_outputs
+from servegym.cpu_track.reference import Reference, agreement
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.models import resolve_model
 from servegym.engines.process import read_tail
 from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
-from servegym.errors import UserError
+from servegym.errors import HarnessError, UserError
 from servegym.loadgen.target import RunOptions
-from servegym.runner import pipeline_experiment
 from servegym.pipeline.knobs import pipeline_knob_infos
-from servegym.errors import HarnessError
+from servegym.runner import pipeline_experiment
+from servegym.runner.agent_watch import Action
 from servegym.runner.environment import EnvironmentBase, changed_knobs, config_key
-from servegym.tracks.real import outputs_reference
-from servegym.tracks.real_measure import measure_run, real_objective_problem
 from servegym.runner.workspace import MeteredWorkspace
-from servegym.tracks.sandbox import seed_workspace, workspace_sandbox
 from servegym.runner.workspace_config import read_workspace_config, write_workspace_config
 from servegym.sandbox.local import Isolation, tree_digest
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
+from servegym.tracks.real import outputs_reference
+from servegym.tracks.real_measure import measure_run, real_objective_problem
+from servegym.tracks.sandbox import seed_workspace, workspace_sandbox
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
 from servegym.workloads.summary import summarise
@@ -139,6 +138,12 @@ class RealTaskEnvironment(EnvironmentBase):
         )
 
     # ------------------------------------------------------------------ harness side
+
+    def workspace_commands(self) -> int | None:
+        return self.workspace.commands
+
+    def workspace_actions(self) -> list[Action]:
+        return self.workspace.actions.actions
 
     @property
     def tuning(self) -> Tuning:

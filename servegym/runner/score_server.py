@@ -25,7 +25,6 @@ from servegym.runner.results import (
     write_latencies,
     write_trial,
 )
-from servegym.tasks.secrets import scoring_seed
 from servegym.runner.trial import (
     HARNESS_ERROR_FILE,
     SERVER_LOGS,
@@ -36,6 +35,7 @@ from servegym.runner.trial import (
     versions,
 )
 from servegym.tasks.loader import load_task
+from servegym.tasks.secrets import scoring_seed
 from servegym.tracks import track_for
 
 AGENT = "external"

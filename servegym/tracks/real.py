@@ -273,7 +273,7 @@ class RealEvaluation(EvaluationSession):
             with contextlib.suppress(asyncio.CancelledError):
                 await self.egress_task
         for role in ("baseline", "submission"):
-            side = self.sides.get(role)  # type: ignore[call-overload]
+            side = self.sides.get(role)
             if side is not None and side.server is not None:
                 await side.server.stop()
         shutil.rmtree(self.eval_workspace, ignore_errors=True)

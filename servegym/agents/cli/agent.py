@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from servegym.agents.base import (
+    AgentBase,
     TaskDescription,
     TaskEnvironment,
     WorkspaceEnvironment,
@@ -275,7 +276,7 @@ def _is_workspace_env(env: object) -> bool:
     )
 
 
-class CliAgent:
+class CliAgent(AgentBase):
     """A coding-agent CLI working a real-track task in Docker; see the module docstring."""
 
     def __init__(
@@ -321,6 +322,13 @@ class CliAgent:
         self._log(kind, **record)
 
     # ------------------------------------------------------------------ the run
+
+    def keep_trajectory(self, path: Path) -> bool:
+        self.trajectory_path = path
+        return True
+
+    def trial_outcome(self) -> str | None:
+        return self.outcome
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
