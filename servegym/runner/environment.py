@@ -60,6 +60,7 @@ from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improv
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
+from servegym.tracks.base import DevBaseline
 from servegym.tracks.sim import first_rate
 from servegym.tracks.sim_measure import measure_objective
 from servegym.workloads.generate import materialise
@@ -226,8 +227,7 @@ class SimTaskEnvironment(EnvironmentBase):
         self.dev_seed = task.workload.dev_seed
         self._specs: dict[bool, tuple[WorkloadSpec, Path]] = {}
         self._workloads: dict[bool, Workload] = {}
-        self._baseline: dict[bool, ObjectiveMeasurement] = {}
-        self._baseline_engine: LaunchedEngine | None = None
+        self._baseline: dict[bool, DevBaseline] = {}
         self.experiments: list[ExperimentResult] = []
         self.submission: ServingConfig | LauncherSubmission | None = None
         self.submissions = 0
@@ -242,18 +242,18 @@ class SimTaskEnvironment(EnvironmentBase):
         spec, _ = self._spec(False)
         return launch_task(self.task, self.model, self.hardware, config, workload_family=spec.kind)
 
-    def baseline_dev(self, quick: bool = False) -> ObjectiveMeasurement:
-        """The baseline's objective on the dev workload (measured once; never charged)."""
+    def baseline_dev(self, quick: bool = False) -> DevBaseline:
+        """The baseline's objective and modelled accuracy on the dev workload (measured
+        once; never charged)."""
         if quick not in self._baseline:
             try:
                 engine = self._launch(self.task.baseline)
             except LaunchError as e:
                 self.harness_error = f"the task's baseline config does not launch: {e.message}"
                 raise HarnessError(self.harness_error) from None
-            self._baseline_engine = engine
             spec, base_dir = self._spec(quick)
             try:
-                self._baseline[quick] = measure_objective(
+                m = measure_objective(
                     self.task,
                     engine,
                     spec,
@@ -265,11 +265,13 @@ class SimTaskEnvironment(EnvironmentBase):
             except Exception as e:
                 self.harness_error = f"baseline dev measurement: {type(e).__name__}: {e}"
                 raise HarnessError(self.harness_error) from e
+            self._baseline[quick] = DevBaseline(m, engine.accuracy_ratio)
         return self._baseline[quick]
 
     def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:
         """The baseline's dev measurement if an experiment needed it (no measuring here)."""
-        return self._baseline.get(quick)
+        got = self._baseline.get(quick)
+        return got.measurement if got is not None else None
 
     @property
     def budget_limit(self) -> float | None:
@@ -377,9 +379,9 @@ class SimTaskEnvironment(EnvironmentBase):
                 f"budget exhausted after {len(self.experiments)} experiments "
                 f"({self.sim_gpu_seconds_used:.0f} simulated GPU-seconds)"
             )
-        baseline = self.baseline_dev(quick)
-        base_engine = self._baseline_engine
-        assert base_engine is not None
+        dev = self.baseline_dev(quick)
+        baseline, base_accuracy = dev.measurement, dev.accuracy
+        assert base_accuracy is not None
         index = len(self.experiments)
         try:
             # Re-validate: an object built with model_construct, or changed after validation.
@@ -447,7 +449,7 @@ class SimTaskEnvironment(EnvironmentBase):
             ok=True,
             objective_value=m.value,
             improvement=measurement_improvement(self.task.objective, baseline, m),
-            accuracy_ratio=engine.accuracy_ratio / base_engine.accuracy_ratio,
+            accuracy_ratio=engine.accuracy_ratio / base_accuracy,
             metrics=m.metrics,
             pipeline=m.pipeline.summary() if m.pipeline is not None else None,
             log_tail=TRUNCATED_NOTE if m.search_truncated else None,

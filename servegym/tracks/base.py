@@ -52,6 +52,17 @@ class StartedSide:
     """What the side costs per hour, all its GPUs together (None: not stated)."""
 
 
+@dataclass(frozen=True)
+class DevBaseline:
+    """The baseline on the dev workload, as every track's agent phase measures it (once per
+    workload size, never charged): its objective, and its accuracy where the track has one
+    (the simulator's modelled accuracy, the agreement with reference outputs, a pipeline's
+    recall@k)."""
+
+    measurement: ObjectiveMeasurement
+    accuracy: float | None
+
+
 class SideCrashed(Exception):
     """The submission's server died or stopped answering during a measurement."""
 

@@ -29,9 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from servegym.engines.base import Engine, ModelRef
 from servegym.engines.config import ServingConfig
+from servegym.engines.process import read_tail
 from servegym.errors import HarnessError, UserError
 from servegym.pipeline.cpu.corpus import Question
 from servegym.pipeline.cpu.deploy import (
@@ -51,6 +54,7 @@ from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask
 from servegym.tasks.secrets import stable_seed
 from servegym.tracks.base import (
+    DevBaseline,
     EvaluationSession,
     Role,
     SampleInfo,
@@ -227,3 +231,116 @@ class CpuPipelineEvaluation(EvaluationSession):
         for side in self.sides:
             if side.deployment is not None:
                 await side.deployment.stop()
+
+
+# --------------------------------------------------------------------------- agent phase
+
+
+async def dev_run(
+    loaded: LoadedTask,
+    engine: Engine,
+    model: ModelRef,
+    config: ServingConfig,
+    *,
+    quick: bool,
+    log_dir: Path,
+    name: str,
+) -> tuple[CpuPipelineRun | None, str | None, str | None]:
+    """One run of the dev questions through ``config``: ``(run, None, None)``, or ``(None,
+    error, log tail)`` when a server did not start, died or the pipeline failed."""
+    cpu = CpuPipelineTask(loaded)
+    questions = cpu.questions(loaded.task.workload.dev_seed, quick)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pool = IndexPool(cpu.spec, cpu.corpus, log_dir / f"{name}-retrieval.log", max_workers=1)
+    warm = asyncio.create_task(pool.warm())
+    dep: Deployment | None = None
+    try:
+        dep = await deploy(loaded, engine, model, config, log_dir, name)
+        if not dep.up:
+            tail = read_tail(log_dir / f"{name}.log", 40)
+            return None, dep.error, tail
+        await warm
+        return await run_side(pool, loaded, model, dep, config, questions), None, None
+    except UserError as e:
+        died = dep.died() if dep is not None else None
+        error = f"a server died: {died}" if died else e.message
+        return None, error, read_tail(log_dir / f"{name}.log", 40)
+    finally:
+        if not warm.done():
+            warm.cancel()
+        with contextlib.suppress(asyncio.CancelledError, UserError):
+            await warm
+        await pool.close()
+        if dep is not None:
+            await dep.stop()
+
+
+def describe_questions(loaded: LoadedTask) -> dict[str, Any]:
+    """What an agent is told of the pipeline's questions and corpus."""
+    cpu = CpuPipelineTask(loaded)
+    spec = cpu.spec
+    return {
+        "questions": cpu.count(False),
+        "quick_questions": cpu.count(True),
+        "arrival": "all at once (a closed loop of pipeline.concurrency)",
+        "corpus_passages": len(cpu.corpus.passages),
+        "passages_kept": spec.passages_kept,
+        "min_recall": spec.min_recall,
+    }
+
+
+@dataclass
+class PipelineExperiment:
+    """One experiment's run of the dev questions: its measurement and recall ratio to the
+    baseline's, or the error and log tail of a server that did not start or died."""
+
+    measurement: ObjectiveMeasurement | None = None
+    recall_ratio: float | None = None
+    error: str | None = None
+    tail: str | None = None
+
+
+class PipelineExperiments:
+    """The pipeline plug-in of a cpu-track task's agent phase: an experiment deploys the
+    config's LLM server(s), starts a retrieval worker and builds its index with the config's
+    ``[pipeline]`` knobs, runs the dev questions (the task's dev seed; ``quick``:
+    ``workload.quick_requests`` of them) through the pipeline, and stops everything. The
+    environment charges it its wall seconds, start-ups and index build included."""
+
+    def __init__(self, loaded: LoadedTask, engine: Engine, model: ModelRef, logs: Path) -> None:
+        self.loaded = loaded
+        self.engine = engine
+        self.model = model
+        self.logs = logs
+
+    def describe(self) -> dict[str, Any]:
+        return describe_questions(self.loaded)
+
+    def baseline(self, quick: bool) -> DevBaseline:
+        """The baseline's measurement and recall@k on the dev questions; raises
+        :class:`~servegym.errors.HarnessError` when it does not run."""
+        run, error, _ = asyncio.run(
+            dev_run(
+                self.loaded, self.engine, self.model, self.loaded.task.baseline, quick=quick,
+                log_dir=self.logs, name=f"dev-baseline{'-quick' * quick}",
+            )
+        )  # fmt: skip
+        if run is None:
+            raise HarnessError(f"the task's baseline pipeline does not run: {error}")
+        return DevBaseline(measure_run(self.loaded.task.objective, run), run.result.recall_at_k)
+
+    def run(
+        self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline
+    ) -> PipelineExperiment:
+        run, error, tail = asyncio.run(
+            dev_run(
+                self.loaded, self.engine, self.model, config, quick=quick,
+                log_dir=self.logs, name=f"experiment-{index:03d}",
+            )
+        )  # fmt: skip
+        if run is None:
+            return PipelineExperiment(error=error, tail=tail)
+        recall = run.result.recall_at_k
+        base = baseline.accuracy
+        ratio = recall / base if recall is not None and base else None
+        return PipelineExperiment(measure_run(self.loaded.task.objective, run), ratio)
