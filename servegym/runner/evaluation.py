@@ -1,13 +1,14 @@
-"""The final evaluation of a sim-track submission: fresh launch, hidden workload, paired runs.
+"""The final evaluation of a submission, on any track: fresh start, hidden workload, pairs.
 
 :func:`evaluate` measures the task's baseline config and the submission on the *scoring*
 workload: the task's workload spec materialised with the hidden scoring seed
 (:func:`servegym.tasks.secrets.scoring_seed`), which no agent ever sees. The harness
-launches both configs itself (nothing of the agent phase carries over) and measures them in
-pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats; every run
-has its own noise seed (derived from the scoring seed, the side and the repeat), so the
-pairs vary as repeated runs on a real GPU do. Rate searches start, for both sides, at the
-rate the first baseline run found.
+starts both sides itself (nothing of the agent phase carries over) and measures them in
+pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats. The order
+(gates, baseline, submission, warm-up, pairs, crash handling, accuracy, integrity,
+conclusion) is this module's; how a side starts and is measured is the track's
+(:mod:`servegym.tracks`): on the simulator every pair runs the same workload with its own
+noise seeds, on real servers each pair its own workload sample.
 
 Pair ``i`` gives the improvement ratio ``r_i`` of the objective
 (:func:`servegym.scoring.objectives.measurement_improvement`); the score is the geometric
@@ -21,7 +22,9 @@ Gates, in the order they decide the outcome (:mod:`servegym.scoring.gates`): the
 integrity (``integrity_flagged``), the launch (``launch_failed``), the outputs' integrity
 (``integrity_flagged``), accuracy (``accuracy_failed``); all passed: ``scored``. A
 submission that launched is measured even when a gate fails, so ``raw_score`` says what it
-would have scored. A baseline that does not launch is a broken task: :class:`HarnessError`.
+would have scored. A baseline that does not start is a broken task:
+:class:`~servegym.errors.HarnessError`. A submission whose server dies mid-evaluation is
+``crashed``.
 """
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ class CliAgent(AgentBase):
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
-        if desc.track == "sim" or not _is_workspace_env(env):
+        if not _is_workspace_env(env):
             self.outcome = "wrong_track"
             raise UserError(
                 f"--agent {self.name}: CLI agents need a real track's workspace (a cpu or gpu "
