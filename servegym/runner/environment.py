@@ -50,7 +50,7 @@ from servegym.agents.base import (
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
-from servegym.engines.sim.launch import LaunchedEngine, LaunchError
+from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.errors import HarnessError
 from servegym.pipeline.engine import launch_task
@@ -62,7 +62,7 @@ from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
 from servegym.tracks.base import DevBaseline
 from servegym.tracks.sim import first_rate
-from servegym.tracks.sim_measure import measure_objective
+from servegym.tracks.sim_measure import SimEngine, measure_objective
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
@@ -238,7 +238,7 @@ class SimTaskEnvironment(EnvironmentBase):
 
     # ------------------------------------------------------------------ harness side
 
-    def _launch(self, config: ServingConfig) -> LaunchedEngine:
+    def _launch(self, config: ServingConfig) -> SimEngine:
         spec, _ = self._spec(False)
         return launch_task(self.task, self.model, self.hardware, config, workload_family=spec.kind)
 

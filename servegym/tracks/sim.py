@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servegym.engines.config import ServingConfig
-from servegym.engines.sim.launch import LaunchedEngine, LaunchError
+from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from servegym.errors import HarnessError
 from servegym.pipeline.engine import launch_task
@@ -31,7 +31,7 @@ from servegym.tracks.base import (
     StartedSide,
     Track,
 )
-from servegym.tracks.sim_measure import measure_objective, task_price
+from servegym.tracks.sim_measure import SimEngine, measure_objective, task_price
 from servegym.workloads.generate import materialise
 
 
@@ -49,10 +49,10 @@ def first_rate(m: ObjectiveMeasurement) -> float | None:
 
 @dataclass
 class SimSide(StartedSide):
-    engine: LaunchedEngine | None = None
+    engine: SimEngine | None = None
 
 
-def started(task: Task, engine: LaunchedEngine) -> SimSide:
+def started(task: Task, engine: SimEngine) -> SimSide:
     price = task_price(task, engine)
     return SimSide(
         up=True,
@@ -91,7 +91,7 @@ class SimEvaluation(EvaluationSession):
         self.min_accuracy = task.accuracy.min_ratio
         self.hint: float | None = None
 
-    def _launch(self, config: ServingConfig) -> LaunchedEngine:
+    def _launch(self, config: ServingConfig) -> SimEngine:
         return launch_task(
             self.task, self.model, self.hardware, config, workload_family=self.spec.kind
         )

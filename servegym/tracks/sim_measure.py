@@ -40,6 +40,9 @@ from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import ArrivalSpec, WorkloadSpec
 
+SimEngine = LaunchedEngine | PipelineEngine
+"""What a config starts as on the simulator: one engine, or a pipeline deployment."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimMeasurement:
@@ -51,7 +54,7 @@ class SimMeasurement:
     latencies: RequestLatencies
 
 
-def task_price(task: Task, engine: LaunchedEngine) -> Price:
+def task_price(task: Task, engine: SimEngine) -> Price:
     """What the engine costs: the task's price per GPU-hour (default: the hardware
     profile's) for every GPU it occupies."""
     per_gpu = (
@@ -263,7 +266,7 @@ class _RateResult:
 
 def measure_objective(
     task: Task,
-    engine: LaunchedEngine,
+    engine: SimEngine,
     spec: WorkloadSpec,
     seed: int,
     noise_seed: int,
