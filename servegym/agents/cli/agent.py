@@ -61,6 +61,7 @@ from servegym.agents.cli.adapters import (
 )
 from servegym.agents.cli.providers import normalise_upstream, read_api_key
 from servegym.errors import UserError
+from servegym.tasks.spec import TRACK_TRAITS
 
 if TYPE_CHECKING:  # aiohttp and the Docker SDK load when a trial runs, not on registration
     from servegym.agents.cli.control import ControlServer
@@ -333,7 +334,7 @@ class CliAgent(AgentBase):
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
-        if not _is_workspace_env(env):
+        if TRACK_TRAITS[desc.track].simulated or not _is_workspace_env(env):
             self.outcome = "wrong_track"
             raise UserError(
                 f"--agent {self.name}: CLI agents need a real track's workspace (a cpu or gpu "
