@@ -31,3 +31,7 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class HarnessError(RuntimeError):
+    """The harness itself failed (e.g. the task's baseline does not launch)."""

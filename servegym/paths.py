@@ -9,6 +9,7 @@ installs and builds: ``$SERVEGYM_HOME`` when set, else ``$XDG_CACHE_HOME/servegy
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -32,3 +33,16 @@ def servegym_home() -> Path:
         return Path(home).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache).expanduser() / "servegym"
+
+
+def python_runtime_dirs(venv: Path) -> list[Path]:
+    """The folders a virtual environment's interpreter needs: the venv and the prefix of
+    the Python it was made from (``home`` in ``pyvenv.cfg``)."""
+    out = [venv]
+    cfg = venv / "pyvenv.cfg"
+    with contextlib.suppress(OSError):
+        for line in cfg.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                out.append(Path(value.strip()).parent)
+    return out

@@ -42,7 +42,7 @@ class StandInEngine(Engine):
     def runtime_dirs(self) -> list[Path]:
         """The test interpreter's venv and the repository (where the mock server's code is),
         so a sandboxed launcher can run it."""
-        from servegym.sandbox.local import python_runtime_dirs
+        from servegym.paths import python_runtime_dirs
 
         venv = Path(sys.prefix)
         return [*python_runtime_dirs(venv), Path(__file__).resolve().parents[1]]

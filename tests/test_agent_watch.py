@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from engine_support import StandInEngine
 
-from servegym.agents.base import TaskEnvironment, register_agent
+from servegym.agents.base import AgentBase, TaskEnvironment, register_agent
 from servegym.agents.scripted import ScriptedAgent
 from servegym.engines.base import ModelRef
 from servegym.runner.agent_watch import (
@@ -95,7 +95,7 @@ def test_honest_workspace_actions_raise_nothing() -> None:
 
 
 @register_agent("test-rogue-writer")
-class RogueWriter:
+class RogueWriter(AgentBase):
     """Submits the baseline after writing into the task's folder (the hidden oracle)."""
 
     name = "test-rogue-writer"

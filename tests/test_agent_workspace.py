@@ -18,11 +18,11 @@ from servegym.agents.base import LAUNCHER, BudgetExhausted, make_agent
 from servegym.engines.base import ModelRef
 from servegym.engines.launcher import LauncherSubmission
 from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
-from servegym.runner.evaluation import Evaluation
+from servegym.runner.evaluation import Evaluation, evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
-from servegym.runner.real_evaluation import evaluate_real
 from servegym.sandbox.workspace import WorkspaceError
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 
@@ -117,13 +117,16 @@ def test_the_submission_is_scored_from_its_snapshot_in_a_fresh_sandbox(
     # what the agent does after submitting changes nothing of what is scored
     env.workspace.write_file(LAUNCHER, "#!/usr/bin/env bash\nexit 1\n")
     env.close()
-    ev = evaluate_real(
+    ev = evaluate(
         loaded,
         submission,
         12345,
-        server_logs=tmp_path / "trial" / "servers",
-        engine=StandInEngine(tmp_path / "pid2"),
-        model=model,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=StandInEngine(tmp_path / "pid2"),
+            model=model,
+        ),
     )
     assert ev.outcome == "scored", ev.gates
     assert ev.paired is not None and ev.paired.score > 1.5
@@ -138,10 +141,17 @@ def test_a_submission_without_its_launcher_is_flagged(
     snap = tmp_path / "snap"
     snap.mkdir()
     sub = LauncherSubmission(path=str(snap), files=0, bytes=0, digest="0" * 64)
-    ev = evaluate_real(
-        loaded, sub, 7, server_logs=tmp_path / "servers",
-        engine=StandInEngine(tmp_path / "pid"), model=model,
-    )  # fmt: skip
+    ev = evaluate(
+        loaded,
+        sub,
+        7,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "servers",
+            engine=StandInEngine(tmp_path / "pid"),
+            model=model,
+        ),
+    )
     assert (
         ev.outcome == "integrity_flagged" and "no start_server.sh" in ev.gates["integrity"].detail
     )
@@ -231,20 +241,34 @@ def test_a_launcher_that_needs_state_outside_its_files_is_named(
     submission = env.submission
     assert isinstance(submission, LauncherSubmission)
     env.close()
-    ev = evaluate_real(
-        loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
-        engine=StandInEngine(tmp_path / "pid2"), model=model,
+    ev = evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=StandInEngine(tmp_path / "pid2"),
+            model=model,
+        ),
         ran_in_workspace=[str(r.config["digest"])],
-    )  # fmt: skip
+    )
     assert ev.outcome == "launch_failed"
     launch = ev.gates["launch"]
     (finding,) = [f for f in launch.findings if f.startswith("state_outside_submission")]
     assert "the same files" in finding and "exit code 3" in finding
     # a launcher that never ran in the workspace fails without the finding
-    ev2 = evaluate_real(
-        loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers2",
-        engine=StandInEngine(tmp_path / "pid3"), model=model,
-    )  # fmt: skip
+    ev2 = evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers2",
+            engine=StandInEngine(tmp_path / "pid3"),
+            model=model,
+        ),
+    )
     assert ev2.outcome == "launch_failed"
     assert not any("state_outside" in f for f in ev2.gates["launch"].findings)
 
@@ -302,10 +326,17 @@ def test_a_launcher_that_calls_out_at_evaluation_time_is_flagged(
     assert isinstance(submission, LauncherSubmission)
     env.close()
     try:
-        ev = evaluate_real(
-            loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
-            engine=StandInEngine(tmp_path / "pid2"), model=model,
-        )  # fmt: skip
+        ev = evaluate(
+            loaded,
+            submission,
+            12345,
+            track=track_for(
+                loaded,
+                server_logs=tmp_path / "trial" / "servers",
+                engine=StandInEngine(tmp_path / "pid2"),
+                model=model,
+            ),
+        )
     finally:
         api.close()
     assert ev.outcome == "integrity_flagged", ev.gates
@@ -331,10 +362,17 @@ def submit_and_evaluate(
     submission = env.submission
     assert isinstance(submission, LauncherSubmission)
     env.close()
-    return evaluate_real(
-        loaded, submission, 12345, server_logs=tmp_path / "trial" / "servers",
-        engine=PinnedStandIn(tmp_path / "pid2"), model=model,
-    )  # fmt: skip
+    return evaluate(
+        loaded,
+        submission,
+        12345,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=PinnedStandIn(tmp_path / "pid2"),
+            model=model,
+        ),
+    )
 
 
 def test_an_honest_launcher_shows_no_egress_and_keeps_the_pinned_environment(

@@ -23,8 +23,10 @@ LAYERS: list[set[str]] = [
     {"__init__", "errors", "paths", "tomlfile", "overrides", "aio_serve", "registry"},
     {"workloads"},
     {"loadgen", "run_folder"},
-    # where servers run and what they are: ServingConfig, launchers, the simulator
-    {"sandbox", "engines"},
+    # what servers are and how they start: ServingConfig, launchers, the simulator
+    {"engines"},
+    # where servers and agent commands run: the local sandbox, Docker
+    {"sandbox"},
     # pure functions of records and measurements
     {"scoring"},
     {"tasks"},

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from servegym.runner.real_evaluation import evaluate_real
-from servegym.runner.secrets import scoring_seed
+from servegym.runner.evaluation import evaluate
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import scoring_seed
+from servegym.tracks import track_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cputrack]
 TASK = "cpu-shared-prefix-ttft"
@@ -52,7 +53,7 @@ def test_default_agent_trial_on_a_cpu_task(loaded: LoadedTask, tmp_path: Path) -
 def test_the_oracle_config_beats_the_baseline(loaded: LoadedTask, tmp_path: Path) -> None:
     assert loaded.oracle is not None
     seed = scoring_seed(TASK, 0, avoid=loaded.task.workload.dev_seed)
-    ev = evaluate_real(loaded, loaded.oracle, seed, server_logs=tmp_path)
+    ev = evaluate(loaded, loaded.oracle, seed, track=track_for(loaded, server_logs=tmp_path))
     print(f"\n{TASK} oracle: {ev.outcome} score {ev.score} pairs {ev.objective.pairs}")
     assert ev.outcome == "scored", ev.gates
     assert ev.score is not None and ev.score >= loaded.task.evaluation.oracle_min_score

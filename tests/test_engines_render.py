@@ -671,8 +671,8 @@ def test_serve_dry_run_refuses_fp8_kv_cache_on_avx2(
 
 
 def test_workspace_commands_and_launchers_run_with_the_pinned_isa(tmp_path: Path) -> None:
-    from servegym.runner.workspace import workspace_sandbox
     from servegym.tasks.loader import load_task_folder
+    from servegym.tracks.sandbox import workspace_sandbox
 
     task = load_task_folder(Path(__file__).parent / "data" / "tasks" / "tiny-cpu").task
     (tmp_path / "model").mkdir()

@@ -24,9 +24,10 @@ from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.runner import results as results_module
-from servegym.runner.real_evaluation import evaluate_real
+from servegym.runner.evaluation import evaluate as final_evaluation
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 MODEL = ModelRef(path="mock", served_name="mock")
@@ -79,10 +80,17 @@ class FaultyEngine(StandInEngine):
 
 
 def evaluate(loaded: LoadedTask, tmp_path: Path, config: ServingConfig):  # type: ignore[no-untyped-def]
-    return evaluate_real(
-        loaded, config, 7, server_logs=tmp_path / "servers",
-        engine=FaultyEngine(tmp_path / "pid"), model=MODEL,
-    )  # fmt: skip
+    return final_evaluation(
+        loaded,
+        config,
+        7,
+        track=track_for(
+            loaded,
+            server_logs=tmp_path / "servers",
+            engine=FaultyEngine(tmp_path / "pid"),
+            model=MODEL,
+        ),
+    )
 
 
 def test_a_server_that_exits_at_start_is_a_launch_failure(
@@ -166,14 +174,19 @@ DRIVER = textwrap.dedent(
     from pathlib import Path
     from test_faults import FaultyEngine, MODEL, submission
     from servegym.engines.config import ServingConfig
-    from servegym.runner.real_evaluation import evaluate_real
+    from servegym.runner.evaluation import evaluate
     from servegym.tasks.loader import load_task_folder
+    from servegym.tracks import track_for
     out = Path({out!r})
-    ev = evaluate_real(
-        load_task_folder(Path({task!r})),
+    loaded = load_task_folder(Path({task!r}))
+    track = track_for(
+        loaded, server_logs=out / "servers", engine=FaultyEngine(out / "pid"), model=MODEL
+    )
+    ev = evaluate(
+        loaded,
         ServingConfig(block_size=32, extra_args=["--itl-ms", "100"]),  # a 30 s evaluation
         7,
-        server_logs=out / "servers", engine=FaultyEngine(out / "pid"), model=MODEL,
+        track=track,
     )
     (out / "done.json").write_text('{{"outcome": "%s"}}' % ev.outcome)
     """

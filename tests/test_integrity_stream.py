@@ -12,8 +12,9 @@ from engine_support import StandInEngine
 
 from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
-from servegym.runner.real_evaluation import evaluate_real
+from servegym.runner.evaluation import evaluate as final_evaluation
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 MODEL = ModelRef(path="mock", served_name="mock")
@@ -27,10 +28,14 @@ def loaded() -> LoadedTask:
 def evaluate(loaded: LoadedTask, tmp_path: Path, *fault: str):  # type: ignore[no-untyped-def]
     args = [a for f in fault for a in ("--fault", f)]
     config = ServingConfig(block_size=32, extra_args=args)
-    return evaluate_real(
-        loaded, config, 99, server_logs=tmp_path, engine=StandInEngine(tmp_path / "pid"),
-        model=MODEL,
-    )  # fmt: skip
+    return final_evaluation(
+        loaded,
+        config,
+        99,
+        track=track_for(
+            loaded, server_logs=tmp_path, engine=StandInEngine(tmp_path / "pid"), model=MODEL
+        ),
+    )
 
 
 @pytest.mark.parametrize(

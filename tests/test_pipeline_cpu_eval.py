@@ -14,14 +14,15 @@ from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.pipeline.cpu import deploy as deploy_module
-from servegym.pipeline.cpu.evaluation import NOT_A_CONFIG, recall_gate
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE, PIPELINE_FILE, write_pipeline_files
 from servegym.pipeline.result import PipelineResult
+from servegym.runner.evaluation import evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
-from servegym.runner.real_evaluation import evaluate_real
 from servegym.tasks.loader import LoadedTask, load_task_folder
 from servegym.tasks.pipeline_spec import PipelineSpec
 from servegym.tasks.spec import Task
+from servegym.tracks import track_for
+from servegym.tracks.cpu_pipeline import NOT_A_CONFIG, recall_gate
 
 MODEL = ModelRef(path="mock", served_name="mock")
 TASK_TOML = """
@@ -109,7 +110,12 @@ def test_evaluation_scores_the_pipeline_in_pairs(
 
     monkeypatch.setattr(deploy_module.WorkerRetriever, "build", counting_build)
     engine = StandInEngine(tmp_path / "pid")
-    ev = evaluate_real(loaded, FAST, 7, server_logs=tmp_path / "logs", engine=engine, model=MODEL)
+    ev = evaluate(
+        loaded,
+        FAST,
+        7,
+        track=track_for(loaded, server_logs=tmp_path / "logs", engine=engine, model=MODEL),
+    )
     assert ev.outcome == "scored", ev.gates
     assert engine.launches == 2  # one answer server per side, up for all five pairs
     assert len(builds) == 2  # one index per set of index knobs, reused across the repeats
@@ -131,7 +137,12 @@ def test_recall_below_the_minimum_fails_accuracy(tmp_path: Path) -> None:
         pipeline=PipelineKnobs(concurrency=4, top_k=1, rerank_depth=1, max_rounds=1),
     )
     engine = StandInEngine(tmp_path / "pid")
-    ev = evaluate_real(loaded, narrow, 3, server_logs=tmp_path / "logs", engine=engine, model=MODEL)
+    ev = evaluate(
+        loaded,
+        narrow,
+        3,
+        track=track_for(loaded, server_logs=tmp_path / "logs", engine=engine, model=MODEL),
+    )
     assert ev.outcome == "accuracy_failed" and ev.score is None
     gate = ev.gates["accuracy"]
     assert gate.passed is False and gate.detail.startswith("recall@4 ")
@@ -145,11 +156,15 @@ def test_dedicated_grader_launch_failure_and_no_submission(tmp_path: Path) -> No
     dedicated = ServingConfig(
         extra_args=QUICK, pipeline=PipelineKnobs(concurrency=4, grade_server="dedicated")
     )
-    ev = evaluate_real(loaded, dedicated, 5, server_logs=logs, engine=engine, model=MODEL)
+    ev = evaluate(
+        loaded, dedicated, 5, track=track_for(loaded, server_logs=logs, engine=engine, model=MODEL)
+    )
     assert ev.outcome == "scored" and engine.launches == 3  # baseline, answer, grader
 
     refused = ServingConfig(block_size=16, pipeline=PipelineKnobs())
-    ev = evaluate_real(loaded, refused, 5, server_logs=logs, engine=engine, model=MODEL)
+    ev = evaluate(
+        loaded, refused, 5, track=track_for(loaded, server_logs=logs, engine=engine, model=MODEL)
+    )
     assert ev.outcome == "launch_failed" and "block_size" in ev.gates["launch"].detail
     assert len(ev.measurements) == 1 and ev.measurements[0][1] is None
 
@@ -157,10 +172,14 @@ def test_dedicated_grader_launch_failure_and_no_submission(tmp_path: Path) -> No
     workspace.mkdir()
     (workspace / "start_server.sh").write_text("#!/bin/sh\n")
     launcher = LauncherSubmission(path=str(workspace), files=1, bytes=10, digest="d" * 64)
-    ev = evaluate_real(loaded, launcher, 5, server_logs=logs, engine=engine, model=MODEL)
+    ev = evaluate(
+        loaded, launcher, 5, track=track_for(loaded, server_logs=logs, engine=engine, model=MODEL)
+    )
     assert ev.outcome == "launch_failed" and ev.gates["launch"].detail == NOT_A_CONFIG
 
-    none = evaluate_real(loaded, None, 5, server_logs=logs, engine=engine, model=MODEL)
+    none = evaluate(
+        loaded, None, 5, track=track_for(loaded, server_logs=logs, engine=engine, model=MODEL)
+    )
     assert none.outcome == "no_submission" and none.baseline.objective_values[0] is not None
 
 

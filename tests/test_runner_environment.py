@@ -16,8 +16,8 @@ from servegym.runner.environment import (
     TRUNCATED_NOTE,
     SimTaskEnvironment,
 )
-from servegym.runner.secrets import DEFAULT_SECRET, scoring_seed, stable_seed
 from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import DEFAULT_SECRET, scoring_seed, stable_seed
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 
@@ -197,7 +197,7 @@ def test_submit_records_the_last_config_as_a_copy(tiny: LoadedTask) -> None:
 
 
 def test_a_baseline_that_does_not_launch_is_a_harness_error(tiny: LoadedTask) -> None:
-    from servegym.runner.environment import HarnessError
+    from servegym.errors import HarnessError
 
     broken = LoadedTask(
         task=tiny.task.model_copy(update={"baseline": ServingConfig(gpu_memory_utilization=0.999)}),

@@ -13,9 +13,10 @@ from servegym.agents.base import BudgetExhausted
 from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
+from servegym.runner.evaluation import evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
-from servegym.runner.real_evaluation import evaluate_real
 from servegym.tasks.loader import LoadedTask, load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 MODEL = ModelRef(path="mock", served_name="mock")
@@ -83,8 +84,11 @@ def test_a_rate_objective_is_refused_on_a_real_track(tmp_path: Path) -> None:
 
 def test_evaluation_scores_pairs_and_gates(loaded: LoadedTask, tmp_path: Path) -> None:
     engine = StandInEngine(tmp_path / "pid")
-    ev = evaluate_real(
-        loaded, ServingConfig(), 123, server_logs=tmp_path, engine=engine, model=MODEL
+    ev = evaluate(
+        loaded,
+        ServingConfig(),
+        123,
+        track=track_for(loaded, server_logs=tmp_path, engine=engine, model=MODEL),
     )
     assert ev.outcome == "scored"
     assert len(ev.objective.pairs) == 5 and ev.score is not None
@@ -99,20 +103,25 @@ def test_evaluation_of_a_refused_config_and_of_no_submission(
     loaded: LoadedTask, tmp_path: Path
 ) -> None:
     engine = StandInEngine(tmp_path / "pid")
-    ev = evaluate_real(
-        loaded, ServingConfig(block_size=16), 1, server_logs=tmp_path, engine=engine, model=MODEL
+    ev = evaluate(
+        loaded,
+        ServingConfig(block_size=16),
+        1,
+        track=track_for(loaded, server_logs=tmp_path, engine=engine, model=MODEL),
     )
     assert ev.outcome == "launch_failed" and ev.score is None
     assert "block_size" in (ev.gates["launch"].detail or "")
-    none = evaluate_real(loaded, None, 1, server_logs=tmp_path, engine=engine, model=MODEL)
+    none = evaluate(
+        loaded, None, 1, track=track_for(loaded, server_logs=tmp_path, engine=engine, model=MODEL)
+    )
     assert none.outcome == "no_submission"
 
 
 def test_each_pair_runs_its_own_sample_of_the_scoring_workload(loaded: LoadedTask) -> None:
     """Servers stay up across pairs: replaying one sample would let the prefix cache answer
     pairs 2 onwards, so each pair draws its own (the first at the scoring seed itself)."""
-    from servegym.runner.real_evaluation import pair_seed
     from servegym.tasks.loader import workload_spec
+    from servegym.tracks.base import pair_seed
     from servegym.workloads.generate import materialise
 
     seeds = [pair_seed(77, i) for i in range(5)]

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from servegym.agents import base as agents_base
-from servegym.agents.base import BudgetExhausted, TaskEnvironment, register_agent
+from servegym.agents.base import AgentBase, BudgetExhausted, TaskEnvironment, register_agent
 from servegym.cli.run import run_trial_command
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
@@ -35,14 +35,14 @@ TASKS = Path(__file__).parent / "data" / "tasks"
 # --------------------------------------------------------------------------- scripted agents
 
 
-class SubmitBaseline:
+class SubmitBaseline(AgentBase):
     name = "t-baseline"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         env.submit(ServingConfig.model_validate(env.describe().baseline))
 
 
-class SubmitBetter:
+class SubmitBetter(AgentBase):
     """Tries two configs, submits the better one (64 sequences beats the baseline's 8)."""
 
     name = "t-better"
@@ -54,7 +54,7 @@ class SubmitBetter:
         env.submit(ServingConfig.model_validate(best.config))
 
 
-class SubmitUnlaunchable:
+class SubmitUnlaunchable(AgentBase):
     name = "t-nolaunch"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
@@ -63,14 +63,14 @@ class SubmitUnlaunchable:
         env.submit(ServingConfig(gpu_memory_utilization=0.999))
 
 
-class SubmitInt4:
+class SubmitInt4(AgentBase):
     name = "t-int4"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         env.submit(ServingConfig(max_num_seqs=64, quantization="int4"))
 
 
-class SubmitForged:
+class SubmitForged(AgentBase):
     """Submits a config that bypassed validation."""
 
     name = "t-forged"
@@ -79,7 +79,7 @@ class SubmitForged:
         env.submit(ServingConfig.model_construct(max_num_seqs=-5))
 
 
-class SubmitShortContext:
+class SubmitShortContext(AgentBase):
     """A context too short for the prompts: the server refuses requests (dropping work)."""
 
     name = "t-short"
@@ -88,7 +88,7 @@ class SubmitShortContext:
         env.submit(ServingConfig(max_model_len=64))
 
 
-class RaiseAtOnce:
+class RaiseAtOnce(AgentBase):
     name = "t-raise"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
@@ -96,14 +96,14 @@ class RaiseAtOnce:
         raise RuntimeError("the agent fell over")
 
 
-class ExitAtOnce:
+class ExitAtOnce(AgentBase):
     name = "t-exit"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         sys.exit(3)
 
 
-class RaiseAfterSubmit:
+class RaiseAfterSubmit(AgentBase):
     name = "t-raise-after-submit"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
@@ -111,14 +111,14 @@ class RaiseAfterSubmit:
         raise KeyError("late failure")
 
 
-class NeverSubmit:
+class NeverSubmit(AgentBase):
     name = "t-none"
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         env.run_experiment(ServingConfig(max_num_seqs=64), quick=True)
 
 
-class SpendEverything:
+class SpendEverything(AgentBase):
     """Experiments until the budget says no (BudgetExhausted escapes: that is fine)."""
 
     name = "t-spender"
@@ -131,7 +131,7 @@ class SpendEverything:
             n *= 2
 
 
-class SwallowBudget:
+class SwallowBudget(AgentBase):
     """Catches BudgetExhausted itself and submits the best it saw."""
 
     name = "t-swallow"

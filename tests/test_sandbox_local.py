@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from servegym.engines.base import ModelRef
+from servegym.paths import python_runtime_dirs
 from servegym.sandbox.local import (
     Limits,
     LocalSandbox,
     bwrap_path,
-    python_runtime_dirs,
     tree_digest,
 )
 from servegym.sandbox.registry import get_sandbox

@@ -13,18 +13,16 @@ from servegym.scoring.metrics import Metrics, Percentiles
 from servegym.scoring.objectives import (
     RATIO_CAP,
     RATIO_FLOOR,
-    at_rate,
     geometric_mean,
     improvement,
-    measure_objective,
     measurement_improvement,
     plain_value,
     ratio,
-    run_workload,
     search_max_rate,
 )
 from servegym.tasks.loader import LoadedTask, load_task, workload_spec
 from servegym.tasks.spec import ObjectiveSpec
+from servegym.tracks.sim_measure import at_rate, measure_objective, run_workload
 from servegym.workloads.generate import materialise
 
 TASKS = Path(__file__).parent / "data" / "tasks"

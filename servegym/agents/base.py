@@ -11,6 +11,7 @@ A new agent is one class: named ``--agent package.module:Class``, declared as a
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -187,11 +188,39 @@ class BudgetExhausted(Exception):
 
 
 class Agent(Protocol):
-    """Anything that can work a task through a :class:`TaskEnvironment`."""
+    """Anything that can work a task through a :class:`TaskEnvironment` (an
+    :class:`AgentBase` gives the defaults of everything but :meth:`run`)."""
 
     name: str
 
     def run(self, env: TaskEnvironment, seed: int) -> None: ...
+
+    def keep_trajectory(self, path: Path) -> bool:
+        """Append the agent's trajectory to ``path`` from now on; False: it keeps none."""
+        ...
+
+    def trial_outcome(self) -> str | None:
+        """How the agent's own loop ended (``finished``, ``max_turns`` ...), for the trial."""
+        ...
+
+    def trial_cost(self) -> dict[str, Any] | None:
+        """What the agent spent on its model (tokens, dollars), for the trial."""
+        ...
+
+
+class AgentBase:
+    """What a trial asks of an agent besides :meth:`Agent.run`, with the defaults of an
+    agent that keeps no trajectory, reports no outcome of its own and spends nothing on a
+    model."""
+
+    def keep_trajectory(self, path: Path) -> bool:
+        return False
+
+    def trial_outcome(self) -> str | None:
+        return None
+
+    def trial_cost(self) -> dict[str, Any] | None:
+        return None
 
 
 def _is_agent_factory(obj: object) -> bool:

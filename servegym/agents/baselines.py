@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from servegym.agents.base import (
+    AgentBase,
     BudgetExhausted,
     ExperimentResult,
     TaskDescription,
@@ -140,7 +141,7 @@ def _baseline_of(desc: TaskDescription) -> ServingConfig:
 
 
 @register_agent("default")
-class DefaultAgent:
+class DefaultAgent(AgentBase):
     """Submits the task's baseline config unchanged; ``measure`` runs it once first (so a
     trial records what the baseline did on the dev workload)."""
 
@@ -161,7 +162,7 @@ class DefaultAgent:
         env.submit(baseline)
 
 
-class SearchAgent:
+class SearchAgent(AgentBase):
     """What ``random`` and ``tpe`` share: load the space, measure the baseline, search,
     submit the best. Subclasses implement :meth:`search`."""
 

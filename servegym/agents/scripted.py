@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from servegym.agents.base import TaskEnvironment, register_agent
+from servegym.agents.base import AgentBase, TaskEnvironment, register_agent
 from servegym.agents.llm.tools import call_tool
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
@@ -54,7 +54,7 @@ def load_script(path: Path) -> list[ToolCall]:
 
 
 @register_agent("scripted")
-class ScriptedAgent:
+class ScriptedAgent(AgentBase):
     """Replays a script of tool calls; see the module docstring."""
 
     def __init__(self, script: str | Path | None = None) -> None:
@@ -65,6 +65,13 @@ class ScriptedAgent:
         self.name = "scripted"
         self.trajectory_path: Path | None = None
         self.outcome = "not_started"
+
+    def keep_trajectory(self, path: Path) -> bool:
+        self.trajectory_path = path
+        return True
+
+    def trial_outcome(self) -> str | None:
+        return self.outcome
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         desc = env.describe()

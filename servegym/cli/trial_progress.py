@@ -29,7 +29,7 @@ class RichTrialProgress(TrialProgress):
 
     def start(self, loaded: LoadedTask, agent: str, seed: int) -> None:
         b = loaded.task.budget
-        limit = b.sim_gpu_seconds if loaded.task.track == "sim" else b.wall_seconds
+        limit = b.sim_gpu_seconds if loaded.task.traits.simulated else b.wall_seconds
         self.agent_bar = self.progress.add_task(
             f"{agent}: 0 experiments", total=limit if limit else 1.0
         )

@@ -315,7 +315,7 @@ class VllmCpuEngine(_VllmBase):
         return [find_program("vllm", track_paths().venv_bin / "vllm"), "serve"]
 
     def runtime_dirs(self) -> list[Path]:
-        from servegym.sandbox.local import python_runtime_dirs
+        from servegym.paths import python_runtime_dirs
 
         venv = track_paths().venv
         return python_runtime_dirs(venv) if venv.exists() else []

@@ -7,18 +7,18 @@ smaller ``grade_model`` on a GPU of its own, ``grade_server = "dedicated"``), th
 and reranker (on the main GPU, in the memory the LLM server leaves) and the HNSW index (on
 the host's cores).
 
-:class:`PipelineEngine` *is* a :class:`~servegym.engines.sim.launch.LaunchedEngine` (the
-main server's), with the deployment's totals in the fields the harness reads: ``num_gpus``
-and ``price_per_hour`` add the grade server's, ``startup_s`` is the slower server's, and
+:class:`PipelineEngine` wraps the started servers (each a
+:class:`~servegym.engines.sim.launch.LaunchedEngine`) and states the deployment's totals as
+the sim track reads them of any started side: ``num_gpus`` and ``price_per_hour`` add the
+grade server's, ``startup_s`` is the slower server's, ``hardware`` the main server's, and
 ``accuracy_ratio`` is the main model's modelled accuracy times the pipeline's modelled
 retrieval recall (:func:`servegym.pipeline.cost.final_recall`), so the task's accuracy gate
-(submission over baseline at least ``accuracy.min_ratio``) gates recall too. The
-environment and the final evaluation start it through :func:`launch_task`.
+(submission over baseline at least ``accuracy.min_ratio``) gates recall too. The sim track
+(:mod:`servegym.tracks.sim`) starts it through :func:`launch_task`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from servegym.engines.config import ServingConfig
@@ -31,8 +31,8 @@ from servegym.tasks.spec import Task
 
 
 @dataclass(frozen=True, slots=True)
-class PipelineEngine(LaunchedEngine):
-    """A started pipeline deployment (the main server's fields, the deployment's totals)."""
+class PipelineEngine:
+    """A started pipeline deployment: its servers, and the deployment's totals."""
 
     knobs: PipelineKnobs
     pipeline: PipelineSpec
@@ -41,6 +41,27 @@ class PipelineEngine(LaunchedEngine):
     recall: float
     """The modelled recall@k after every round (k = ``pipeline.passages_kept``)."""
     index_build_docs_per_s: float
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        return self.main.hardware
+
+    @property
+    def num_gpus(self) -> int:
+        return self.main.num_gpus + (self.grade.num_gpus if self.grade is not None else 0)
+
+    @property
+    def price_per_hour(self) -> float:
+        grade = self.grade.price_per_hour if self.grade is not None else 0
+        return self.main.price_per_hour + grade
+
+    @property
+    def startup_s(self) -> float:
+        return max(self.main.startup_s, self.grade.startup_s if self.grade is not None else 0.0)
+
+    @property
+    def accuracy_ratio(self) -> float:
+        return self.main.accuracy_ratio * self.recall
 
 
 def launch_pipeline(
@@ -86,21 +107,12 @@ def launch_pipeline(
             f"gpu_memory_utilization={main.config.gpu_memory_utilization:g} leaves "
             f"{free_gib:.2f} GiB: lower embed_batch_size or gpu_memory_utilization"
         )
-    recall = final_recall(spec, knobs)
-    fields = {f.name: getattr(main, f.name) for f in dataclasses.fields(LaunchedEngine)}
-    fields.update(
-        num_gpus=main.num_gpus + (grade.num_gpus if grade is not None else 0),
-        price_per_hour=main.price_per_hour + (grade.price_per_hour if grade is not None else 0),
-        startup_s=max(main.startup_s, grade.startup_s if grade is not None else 0.0),
-        accuracy_ratio=main.accuracy_ratio * recall,
-    )
     return PipelineEngine(
-        **fields,
         knobs=knobs,
         pipeline=spec,
         main=main,
         grade=grade,
-        recall=recall,
+        recall=final_recall(spec, knobs),
         index_build_docs_per_s=index_build_docs_per_s(hardware, spec, knobs),
     )
 
@@ -112,7 +124,7 @@ def launch_task(
     config: ServingConfig,
     *,
     workload_family: str = "synthetic",
-) -> LaunchedEngine:
+) -> LaunchedEngine | PipelineEngine:
     """Start ``config`` for a sim task: its pipeline when it is a pipeline task, else the
     one simulated engine."""
     if task.pipeline is not None:

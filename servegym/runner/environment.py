@@ -46,17 +46,18 @@ from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
-from servegym.engines.sim.launch import LaunchedEngine, LaunchError
+from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
+from servegym.errors import HarnessError
 from servegym.pipeline.engine import launch_task
-from servegym.runner.secrets import stable_seed
-from servegym.scoring.objectives import (
-    ObjectiveMeasurement,
-    measure_objective,
-    measurement_improvement,
-)
+from servegym.runner.agent_watch import Action
+from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
+from servegym.tracks.base import DevBaseline
+from servegym.tracks.sim import first_rate
+from servegym.tracks.sim_measure import SimEngine, measure_objective
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
@@ -73,10 +74,6 @@ TRUNCATED_NOTE = (
 )
 QUICK_DIVISOR = 4
 """A quick experiment runs ``requests // QUICK_DIVISOR`` requests unless the task says."""
-
-
-class HarnessError(RuntimeError):
-    """The harness itself failed (e.g. the task's baseline does not launch)."""
 
 
 def config_key(config: ServingConfig) -> str:
@@ -96,16 +93,6 @@ def _raw_config(raw: object) -> dict[str, Any]:
             for k, v in raw.items()
         }
     return {"value": repr(raw)}
-
-
-def _first_rate(m: ObjectiveMeasurement) -> float | None:
-    if m.rate is not None and m.kind in ("max_rate_at_sla", "cost_at_sla"):
-        return m.rate
-    for c in m.components:
-        r = _first_rate(c)
-        if r is not None:
-            return r
-    return None
 
 
 def launch_log(loaded: LoadedTask, config: ServingConfig, message: str) -> str:
@@ -151,6 +138,14 @@ class EnvironmentBase:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def workspace_commands(self) -> int | None:
+        """Commands the agent ran in its workspace (None: the task has no workspace)."""
+        return None
+
+    def workspace_actions(self) -> list[Action]:
+        """Every workspace action the agent asked for (for the agent watch)."""
+        return []
 
     def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
         if quick not in self._specs:
@@ -216,7 +211,7 @@ class SimTaskEnvironment(EnvironmentBase):
         on_experiment: Callable[[ExperimentResult], None] | None = None,
     ) -> None:
         task = loaded.task
-        if task.track != "sim":
+        if not task.traits.simulated:
             raise ValueError(f"task {task.id} is a {task.track}-track task, not sim")
         self.loaded = loaded
         self.task = task
@@ -227,8 +222,7 @@ class SimTaskEnvironment(EnvironmentBase):
         self.dev_seed = task.workload.dev_seed
         self._specs: dict[bool, tuple[WorkloadSpec, Path]] = {}
         self._workloads: dict[bool, Workload] = {}
-        self._baseline: dict[bool, ObjectiveMeasurement] = {}
-        self._baseline_engine: LaunchedEngine | None = None
+        self._baseline: dict[bool, DevBaseline] = {}
         self.experiments: list[ExperimentResult] = []
         self.submission: ServingConfig | LauncherSubmission | None = None
         self.submissions = 0
@@ -239,22 +233,22 @@ class SimTaskEnvironment(EnvironmentBase):
 
     # ------------------------------------------------------------------ harness side
 
-    def _launch(self, config: ServingConfig) -> LaunchedEngine:
+    def _launch(self, config: ServingConfig) -> SimEngine:
         spec, _ = self._spec(False)
         return launch_task(self.task, self.model, self.hardware, config, workload_family=spec.kind)
 
-    def baseline_dev(self, quick: bool = False) -> ObjectiveMeasurement:
-        """The baseline's objective on the dev workload (measured once; never charged)."""
+    def baseline_dev(self, quick: bool = False) -> DevBaseline:
+        """The baseline's objective and modelled accuracy on the dev workload (measured
+        once; never charged)."""
         if quick not in self._baseline:
             try:
                 engine = self._launch(self.task.baseline)
             except LaunchError as e:
                 self.harness_error = f"the task's baseline config does not launch: {e.message}"
                 raise HarnessError(self.harness_error) from None
-            self._baseline_engine = engine
             spec, base_dir = self._spec(quick)
             try:
-                self._baseline[quick] = measure_objective(
+                m = measure_objective(
                     self.task,
                     engine,
                     spec,
@@ -266,11 +260,13 @@ class SimTaskEnvironment(EnvironmentBase):
             except Exception as e:
                 self.harness_error = f"baseline dev measurement: {type(e).__name__}: {e}"
                 raise HarnessError(self.harness_error) from e
+            self._baseline[quick] = DevBaseline(m, engine.accuracy_ratio)
         return self._baseline[quick]
 
     def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:
         """The baseline's dev measurement if an experiment needed it (no measuring here)."""
-        return self._baseline.get(quick)
+        got = self._baseline.get(quick)
+        return got.measurement if got is not None else None
 
     @property
     def budget_limit(self) -> float | None:
@@ -378,9 +374,9 @@ class SimTaskEnvironment(EnvironmentBase):
                 f"budget exhausted after {len(self.experiments)} experiments "
                 f"({self.sim_gpu_seconds_used:.0f} simulated GPU-seconds)"
             )
-        baseline = self.baseline_dev(quick)
-        base_engine = self._baseline_engine
-        assert base_engine is not None
+        dev = self.baseline_dev(quick)
+        baseline, base_accuracy = dev.measurement, dev.accuracy
+        assert base_accuracy is not None
         index = len(self.experiments)
         try:
             # Re-validate: an object built with model_construct, or changed after validation.
@@ -433,7 +429,7 @@ class SimTaskEnvironment(EnvironmentBase):
                 ),
                 base_dir=base_dir,
                 workload=self._workload(quick),
-                rate_hint=_first_rate(baseline),
+                rate_hint=first_rate(baseline),
                 sim_seconds_cap=cap,
             )
         except Exception as e:  # the harness's own failure, not the agent's
@@ -448,7 +444,7 @@ class SimTaskEnvironment(EnvironmentBase):
             ok=True,
             objective_value=m.value,
             improvement=measurement_improvement(self.task.objective, baseline, m),
-            accuracy_ratio=engine.accuracy_ratio / base_engine.accuracy_ratio,
+            accuracy_ratio=engine.accuracy_ratio / base_accuracy,
             metrics=m.metrics,
             pipeline=m.pipeline.summary() if m.pipeline is not None else None,
             log_tail=TRUNCATED_NOTE if m.search_truncated else None,

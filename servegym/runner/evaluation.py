@@ -1,13 +1,14 @@
-"""The final evaluation of a sim-track submission: fresh launch, hidden workload, paired runs.
+"""The final evaluation of a submission, on any track: fresh start, hidden workload, pairs.
 
 :func:`evaluate` measures the task's baseline config and the submission on the *scoring*
 workload: the task's workload spec materialised with the hidden scoring seed
-(:func:`servegym.runner.secrets.scoring_seed`), which no agent ever sees. The harness
-launches both configs itself (nothing of the agent phase carries over) and measures them in
-pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats; every run
-has its own noise seed (derived from the scoring seed, the side and the repeat), so the
-pairs vary as repeated runs on a real GPU do. Rate searches start, for both sides, at the
-rate the first baseline run found.
+(:func:`servegym.tasks.secrets.scoring_seed`), which no agent ever sees. The harness
+starts both sides itself (nothing of the agent phase carries over) and measures them in
+pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats. The order
+(gates, baseline, submission, warm-up, pairs, crash handling, accuracy, integrity,
+conclusion) is this module's; how a side starts and is measured is the track's
+(:mod:`servegym.tracks`): on the simulator every pair runs the same workload with its own
+noise seeds, on real servers each pair its own workload sample.
 
 Pair ``i`` gives the improvement ratio ``r_i`` of the objective
 (:func:`servegym.scoring.objectives.measurement_improvement`); the score is the geometric
@@ -21,22 +22,21 @@ Gates, in the order they decide the outcome (:mod:`servegym.scoring.gates`): the
 integrity (``integrity_flagged``), the launch (``launch_failed``), the outputs' integrity
 (``integrity_flagged``), accuracy (``accuracy_failed``); all passed: ``scored``. A
 submission that launched is measured even when a gate fails, so ``raw_score`` says what it
-would have scored. A baseline that does not launch is a broken task: :class:`HarnessError`.
+would have scored. A baseline that does not start is a broken task:
+:class:`~servegym.errors.HarnessError`. A submission whose server dies mid-evaluation is
+``crashed``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import ExternalServer, LauncherSubmission
-from servegym.engines.sim.launch import LaunchedEngine, LaunchError
-from servegym.engines.sim.profiles import get_hardware, get_model
-from servegym.pipeline.engine import launch_task
-from servegym.runner.environment import HarnessError
 from servegym.runner.results import (
     EvaluationInfo,
     MetricComparison,
@@ -46,25 +46,24 @@ from servegym.runner.results import (
     SideResult,
     side_latencies,
 )
-from servegym.runner.secrets import stable_seed
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
+from servegym.scoring.integrity import Finding
 from servegym.scoring.metrics import Metrics
 from servegym.scoring.objectives import (
     UNITS,
     IntegrityCounts,
     ObjectiveMeasurement,
     geometric_mean,
-    measure_objective,
     measurement_improvement,
     ratio,
-    task_price,
 )
 from servegym.scoring.score import PairedScore, paired_score
-from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.loader import LoadedTask
+from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
-from servegym.workloads.generate import materialise
-from servegym.workloads.model import Workload
+from servegym.tracks import track_for
+from servegym.tracks.base import SampleInfo, SideCrashed, StartedSide, Track
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(stage, done, total)`` during the evaluation."""
@@ -142,22 +141,23 @@ def _mean(values: list[float | None]) -> float | None:
 
 def _side(
     config: Any,
-    engine: LaunchedEngine | None,
-    error: str | None,
+    started: StartedSide | None,
     measurements: list[ObjectiveMeasurement],
-    price_per_hour: float | None,
+    accuracy: float | None,
 ) -> SideResult:
+    """What the trial records of one side (``started``: None when it was never tried)."""
     integrity = IntegrityCounts()
     for m in measurements:
         integrity = integrity.add(m.integrity)
+    up = started is not None and started.up
     return SideResult(
         config=changed_config(config),
-        launched=engine is not None,
-        launch_error=error,
-        accuracy_ratio=engine.accuracy_ratio if engine is not None else None,
-        num_gpus=engine.num_gpus if engine is not None else None,
-        startup_s=engine.startup_s if engine is not None else None,
-        price_per_hour=price_per_hour,
+        launched=up,
+        launch_error=started.error if started is not None else None,
+        accuracy_ratio=accuracy,
+        num_gpus=started.num_gpus if started is not None and up else None,
+        startup_s=started.startup_s if started is not None and up else None,
+        price_per_hour=started.price_per_hour if started is not None and up else None,
         objective_values=[m.value for m in measurements],
         rates=[m.rate for m in measurements],
         metrics=measurements[0].metrics if measurements else None,
@@ -221,108 +221,96 @@ def compare_components(
     return out
 
 
-def _rate_of(m: ObjectiveMeasurement) -> float | None:
-    if m.kind in ("max_rate_at_sla", "cost_at_sla"):
-        return m.rate
-    for c in m.components:
-        r = _rate_of(c)
-        if r is not None:
-            return r
-    return None
-
-
 def evaluate(
     loaded: LoadedTask,
     submission: Any,
     scoring_seed: int,
     *,
+    track: Track | None = None,
     progress: ProgressFn | None = None,
+    ran_in_workspace: Sequence[str] = (),
 ) -> Evaluation:
-    """Score ``submission`` (a ServingConfig, or whatever the agent left) against the task's
-    baseline on the scoring workload. Raises :class:`HarnessError` when the baseline itself
-    does not launch; any other exception is the harness's own (the trial records it)."""
+    """Score ``submission`` (a ServingConfig, a workspace, a running server, or whatever the
+    agent left) against the task's baseline on the scoring workload, on ``track`` (default:
+    the task's; a real track needs one built with its server logs). Raises
+    :class:`~servegym.errors.HarnessError` when the baseline itself does not start or
+    fails; any other exception is the harness's own (the trial records it).
+    ``ran_in_workspace``: the workspace digests whose launcher served a benchmark during the
+    agent phase (see :func:`_outside_state`)."""
+    chosen = track if track is not None else track_for(loaded)
+    evaluation = asyncio.run(_evaluate(loaded, submission, scoring_seed, chosen, progress))
+    if isinstance(submission, LauncherSubmission):
+        _outside_state(evaluation, submission, ran_in_workspace)
+    return evaluation
+
+
+async def _evaluate(
+    loaded: LoadedTask,
+    submission: Any,
+    scoring_seed: int,
+    track: Track,
+    progress: ProgressFn | None,
+) -> Evaluation:
+    """Gates, baseline, submission, warm-up, alternating pairs ``B, S, B, S, ...``, crash
+    handling, accuracy, integrity, conclusion: the order every track follows."""
     task = loaded.task
-    repeats = task.evaluation.repeats
-    model = get_model(task.model, "model")
-    hardware = get_hardware(task.hardware, "hardware")
-    spec, base_dir = workload_spec(loaded)
-    workload: Workload = materialise(spec, scoring_seed, base_dir=base_dir)
-    info, summary = evaluation_header(task, workload)
-
-    def start(config: ServingConfig) -> LaunchedEngine:
-        return launch_task(task, model, hardware, config, workload_family=spec.kind)
-
-    try:
-        base_engine = start(task.baseline)
-    except LaunchError as e:
-        raise HarnessError(f"the task's baseline config does not launch: {e.message}") from None
-    base_price = task_price(task, base_engine)
-
+    session = track.evaluation(loaded, scoring_seed)
+    info, summary = evaluation_header(task, session.sample)
     gate = gates.opening_gates(submission, task.engines)
-    sub_engine: LaunchedEngine | None = None
-    sub_error: str | None = None
-    if gate["integrity"].passed:
-        assert isinstance(submission, ServingConfig)
-        try:
-            sub_engine = start(ServingConfig.model_validate(submission.model_dump()))
-        except LaunchError as e:
-            sub_error = e.message
-        gate["launch"] = gates.check_launch(sub_error)
-    if sub_engine is not None:
-        gate["accuracy"] = gates.check_accuracy(
-            sub_engine.accuracy_ratio, base_engine.accuracy_ratio, task.accuracy.min_ratio
-        )
-    elif gate["integrity"].passed:
-        gate["accuracy"] = gates.not_reached("the submission did not launch")
-    elif submission is not None:
-        gate["accuracy"] = gates.not_reached("integrity check failed first")
-
-    # Paired, alternating runs: B0, S0, B1, S1, ...  (baseline alone, once, when the
-    # submission cannot be measured).
-    n_pairs = repeats if sub_engine is not None else 1
-    total = n_pairs * (2 if sub_engine is not None else 1)
-    done = 0
-    hint: float | None = None
+    base: StartedSide | None = None
+    sub: StartedSide | None = None
+    crashed: str | None = None
     pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = []
-
-    def measure(engine: LaunchedEngine, role: str, i: int) -> ObjectiveMeasurement:
-        """One run of the objective on the scoring workload, with its own noise seed."""
-        nonlocal done
-        m = measure_objective(
-            task,
-            engine,
-            spec,
-            scoring_seed,
-            stable_seed(role, task.id, scoring_seed, i),
-            base_dir=base_dir,
-            workload=workload,
-            rate_hint=hint,
-        )
-        done += 1
-        if progress is not None:
-            progress("evaluation", done, total)
-        return m
-
-    for i in range(n_pairs):
-        b = measure(base_engine, "score-baseline", i)
-        if i == 0:
-            hint = _rate_of(b)
-        s = measure(sub_engine, "score-submission", i) if sub_engine is not None else None
-        pairs.append((b, s))
+    try:
+        base = await session.start_baseline()
+        if gate["integrity"].passed:
+            sub = await session.start_submission(submission)
+            gate["launch"] = gates.check_launch(sub.error)
+        up = sub is not None and sub.up
+        n_pairs = task.evaluation.repeats if up else 1
+        total = n_pairs * (2 if up else 1)
+        crashed = await session.warm_up(base, sub)
+        if crashed is not None:
+            n_pairs = 1
+        done = 0
+        for i in range(n_pairs):
+            b = await session.measure(base, "baseline", i)
+            done += 1
+            if progress is not None:
+                progress("evaluation", done, total)
+            s: ObjectiveMeasurement | None = None
+            if sub is not None and sub.up and crashed is None:
+                try:
+                    s = await session.measure(sub, "submission", i)
+                except SideCrashed as e:
+                    crashed = e.reason
+                    pairs.append((b, None))
+                    break
+                done += 1
+                if progress is not None:
+                    progress("evaluation", done, total)
+            pairs.append((b, s))
+    finally:
+        await session.close()
+    finished = sub is not None and sub.up and crashed is None
+    base_acc = session.accuracy(base, "baseline")
+    sub_acc = session.accuracy(sub, "submission")
+    if finished:
+        gate["accuracy"] = session.accuracy_gate(sub_acc, base_acc)
+    elif gate["integrity"].passed and not up:
+        gate["accuracy"] = gates.not_reached("the submission did not launch")
+    elif submission is not None and not gate["integrity"].passed:
+        gate["accuracy"] = gates.not_reached("integrity check failed first")
+    found, note = await session.integrity_findings(bool(gate["integrity"].passed))
+    _integrity_findings(gate, found, note)
 
     summary.components = compare_components(pairs)
     info.sim_seconds = sum(b.sim_seconds + (s.sim_seconds if s else 0.0) for b, s in pairs)
     subs = [s for _, s in pairs if s is not None]
-    base_cost = base_price.price_per_hour * base_price.gpus
-    baseline_side = _side(task.baseline, base_engine, None, [b for b, _ in pairs], base_cost)
+    baseline_side = _side(task.baseline, base, [b for b, _ in pairs], base_acc)
     submission_side: SideResult | None = None
     if submission is not None:
-        price: float | None = None
-        if sub_engine is not None:
-            p = task_price(task, sub_engine)
-            price = p.price_per_hour * p.gpus
-        submission_side = _side(submission, sub_engine, sub_error, subs, price)
-
+        submission_side = _side(submission, sub, subs, sub_acc)
     return conclude(
         loaded,
         submission,
@@ -333,18 +321,57 @@ def evaluate(
         pairs=pairs,
         baseline_side=baseline_side,
         submission_side=submission_side,
+        crashed=crashed,
     )
 
 
-def evaluation_header(task: Task, workload: Workload) -> tuple[EvaluationInfo, ObjectiveSummary]:
+def _integrity_findings(gate: dict[str, GateResult], found: list[Finding], note: str) -> None:
+    """Fail the integrity gate on the track's findings, or add the track's note to it."""
+    if found and gate["integrity"].passed:
+        texts = [f.text() for f in found]
+        gate["integrity"] = GateResult(passed=False, detail=texts[0], findings=texts)
+    elif note and gate["integrity"].passed:
+        detail = gate["integrity"].detail + note
+        gate["integrity"] = gate["integrity"].model_copy(update={"detail": detail})
+
+
+def _outside_state(
+    evaluation: Evaluation, submission: LauncherSubmission, ran: Sequence[str]
+) -> None:
+    """Name the cause when a launcher that ran in the agent's workspace fails from the
+    submitted files alone: it needs something a fresh sandbox does not have (a file outside
+    the workspace or under an excluded cache folder, a process it expected running)."""
+    launch = evaluation.gates.get("launch")
+    failed = evaluation.outcome == "crashed" or (launch is not None and launch.passed is False)
+    if not failed or launch is None or submission.digest[:16] not in {d[:16] for d in ran}:
+        return
+    why = launch.detail if launch.passed is False else "its server died during the evaluation"
+    finding = Finding(
+        check="state_outside_submission",
+        requests=1,
+        of=1,
+        request_id=submission.script,
+        subject="launcher",
+        evidence=(
+            f"the same files (digest {submission.digest[:16]}) served a benchmark in the "
+            f"agent's workspace, but not from the submitted files alone in a fresh sandbox: "
+            f"{why}"
+        ),
+    )
+    evaluation.gates["launch"] = launch.model_copy(
+        update={"findings": [*launch.findings, finding.text()]}
+    )
+
+
+def evaluation_header(task: Task, sample: SampleInfo) -> tuple[EvaluationInfo, ObjectiveSummary]:
     """What an evaluation records before it measures: the scoring workload (the first
-    pair's, on real tracks) and the objective."""
+    pair's, where each pair has its own sample) and the objective."""
     objective = task.objective
     info = EvaluationInfo(
         repeats=task.evaluation.repeats,
-        workload=workload.spec.name,
-        requests=workload.spec.num_requests,
-        workload_hash=workload.content_hash(),
+        workload=sample.name,
+        requests=sample.requests,
+        workload_hash=sample.workload_hash,
         bootstrap_samples=task.evaluation.bootstrap_samples,
     )
     summary = ObjectiveSummary(

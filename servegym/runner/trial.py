@@ -35,6 +35,7 @@ import platform
 import shutil
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,18 +44,17 @@ import numpy as np
 import pydantic
 
 import servegym
-from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, make_agent
+from servegym.agents.base import Agent, BudgetExhausted, BudgetState, ExperimentResult, make_agent
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
-from servegym.errors import UserError
+from servegym.errors import HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
 from servegym.run_folder import TRIAL_FILE
-from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
-from servegym.runner.environment import HarnessError, SimTaskEnvironment, changed_knobs
+from servegym.runner.agent_watch import Action, AgentWatch, forbidden_patterns
+from servegym.runner.environment import SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
 from servegym.runner.real_environment import RealTaskEnvironment
-from servegym.runner.real_evaluation import evaluate_real
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     LATENCIES_FILE,
@@ -70,10 +70,12 @@ from servegym.runner.results import (
     write_latencies,
     write_trial,
 )
-from servegym.runner.secrets import scoring_seed
+from servegym.scoring.integrity import Finding
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import scoring_seed
 from servegym.tasks.spec import Task
+from servegym.tracks import track_for
 
 TRAJECTORY_FILE = "trajectory.jsonl"
 SERVER_LOGS = "servers"
@@ -146,6 +148,10 @@ class TrialEnvironment(Protocol):
 
     def close(self) -> None: ...
 
+    def workspace_commands(self) -> int | None: ...
+
+    def workspace_actions(self) -> list[Action]: ...
+
 
 def process_stats(env: TrialEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
     """Process analytics of the agent phase, and its best dev experiment (among those whose
@@ -184,7 +190,7 @@ def process_stats(env: TrialEnvironment) -> tuple[ProcessStats, ExperimentResult
         dev_baseline_value=dev_value,
         time_to_best=ttb,
         shipped_best=_shipped_best(env.submission, best),
-        commands=getattr(getattr(env, "workspace", None), "commands", None),
+        commands=env.workspace_commands(),
     )
     return stats, best
 
@@ -231,7 +237,8 @@ def run_trial(
     tasks_root: Path | None = None,
     agent_options: dict[str, Any] | None = None,
 ) -> TrialResult:
-    """Run one trial (or return the finished one, unless ``force``).
+    """Run one trial (or return the finished one, unless ``force``): prepare, the agent
+    phase, the final evaluation, the results.
 
     ``task`` is a task id (under ``tasks_root``, default the shipped tasks), a path to a
     task folder, or a loaded task. Unknown tasks and agents, and bad task files, raise
@@ -242,12 +249,68 @@ def run_trial(
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
-    folder = trial_folder(out_dir, loaded.id, agent_name, seed)
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
         if done is not None:
             done.mark_skipped()
             return done
+    folder = prepare_folder(out_dir, loaded.id, agent_name, seed)
+    prog = progress or TrialProgress()
+    if agent.keep_trajectory(folder / TRAJECTORY_FILE):
+        (folder / TRAJECTORY_FILE).unlink(missing_ok=True)
+
+    started_at = now_iso()
+    t0 = time.perf_counter()
+    phase = agent_phase(loaded, agent, agent_name, seed, out_dir, folder, prog)
+    t_agent = time.perf_counter() - t0
+    env = phase.env
+    scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
+    t1 = time.perf_counter()
+    evaluation, error = final_evaluation(loaded, env, scoring, folder, prog)
+    t_eval = time.perf_counter() - t1
+
+    process, best = process_stats(env)
+    outcome: Outcome
+    if error is not None or evaluation is None:
+        outcome = "harness_error"
+    elif env.submission is None:
+        outcome = "crashed" if phase.agent_error is not None else "no_submission"
+    else:
+        outcome = evaluation.outcome
+
+    result = TrialResult(
+        task=loaded.id,
+        task_title=loaded.task.title,
+        track=loaded.task.track,
+        agent=agent_name,
+        seed=seed,
+        outcome=outcome,
+        agent_error=phase.agent_error,
+        error=error,
+        best_seen=best,
+        process=process,
+        budget=_budget(env),
+        scoring_seed=scoring,
+        versions=versions(),
+        started_at=started_at,
+        agent_outcome=agent.trial_outcome(),
+        agent_cost=agent.trial_cost(),
+    )
+    if evaluation is not None:
+        fold_evaluation(result, evaluation)
+    if phase.watched:
+        flag_trial(result, [f.text() for f in phase.watched])
+    result.finished_at = now_iso()
+    result.timing = Timing(
+        wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
+    )
+    write_results(folder, result, evaluation)
+    return result
+
+
+def prepare_folder(out_dir: Path, task_id: str, agent_name: str, seed: int) -> Path:
+    """The trial's folder, created, without the files of an earlier run of it."""
+    folder = trial_folder(out_dir, task_id, agent_name, seed)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--out: {folder} exists and is not a folder")
     try:
@@ -262,29 +325,53 @@ def run_trial(
         HARNESS_ERROR_FILE,
     ):
         (folder / stale).unlink(missing_ok=True)
-    prog = progress or TrialProgress()
-    if hasattr(agent, "trajectory_path"):
-        (folder / TRAJECTORY_FILE).unlink(missing_ok=True)
-        agent.trajectory_path = folder / TRAJECTORY_FILE
+    return folder
 
-    started_at = now_iso()
-    t0 = time.perf_counter()
-    env: TrialEnvironment
-    if loaded.task.track == "sim":
-        env = SimTaskEnvironment(
+
+@dataclass
+class AgentPhase:
+    """What the agent phase left: the environment (experiments, submission, budget), what
+    the agent raised, and what the watch on the harness's files found."""
+
+    env: SimTaskEnvironment | RealTaskEnvironment
+    agent_error: str | None
+    watched: list[Finding]
+
+
+def task_environment(
+    loaded: LoadedTask, seed: int, folder: Path, prog: TrialProgress
+) -> SimTaskEnvironment | RealTaskEnvironment:
+    """The agent's environment on the task's track, logging to ``folder``."""
+    traits = loaded.task.traits
+    budget = loaded.task.budget
+    limit = budget.sim_gpu_seconds if traits.simulated else budget.wall_seconds
+    if traits.simulated:
+        return SimTaskEnvironment(
             loaded,
             trial_seed=seed,
             log_path=folder / EXPERIMENTS_FILE,
-            on_experiment=lambda r: prog.experiment(r, loaded.task.budget.sim_gpu_seconds),
+            on_experiment=lambda r: prog.experiment(r, limit),
         )
-    else:
-        env = RealTaskEnvironment(
-            loaded,
-            trial_seed=seed,
-            log_path=folder / EXPERIMENTS_FILE,
-            server_logs=folder / SERVER_LOGS,
-            on_experiment=lambda r: prog.experiment(r, loaded.task.budget.wall_seconds),
-        )
+    return RealTaskEnvironment(
+        loaded,
+        trial_seed=seed,
+        log_path=folder / EXPERIMENTS_FILE,
+        server_logs=folder / SERVER_LOGS,
+        on_experiment=lambda r: prog.experiment(r, limit),
+    )
+
+
+def agent_phase(
+    loaded: LoadedTask,
+    agent: Agent,
+    agent_name: str,
+    seed: int,
+    out_dir: Path,
+    folder: Path,
+    prog: TrialProgress,
+) -> AgentPhase:
+    """The agent works the task within its budget, watched."""
+    env = task_environment(loaded, seed, folder, prog)
     prog.start(loaded, agent_name, seed)
     watch = agent_watch(loaded, out_dir, folder)
     watch.start()
@@ -301,76 +388,40 @@ def run_trial(
             (folder / AGENT_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
     finally:
         env.close()
-    t_agent = time.perf_counter() - t0
-    workspace_log = getattr(getattr(env, "workspace", None), "actions", None)
-    watched = watch.findings(workspace_log.actions if workspace_log is not None else [])
+    return AgentPhase(env, agent_error, watch.findings(env.workspace_actions()))
 
-    scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
-    evaluation: Evaluation | None = None
-    error = env.harness_error
-    t1 = time.perf_counter()
-    if error is None:
-        try:
-            if loaded.task.track == "sim":
-                evaluation = evaluate(
-                    loaded,
-                    env.submission,
-                    scoring,
-                    progress=lambda stage, d, n: prog.stage(stage, d, n),
-                )
-            else:
-                evaluation = evaluate_real(
-                    loaded,
-                    env.submission,
-                    scoring,
-                    server_logs=folder / SERVER_LOGS,
-                    progress=lambda stage, d, n: prog.stage(stage, d, n),
-                    ran_in_workspace=[
-                        str(e.config["digest"])
-                        for e in getattr(env, "experiments", [])
-                        if e.ok and "digest" in e.config
-                    ],
-                )
-        except Exception as e:
-            error = _error_text(e)
-            (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
-    t_eval = time.perf_counter() - t1
 
-    process, best = process_stats(env)
-    outcome: Outcome
-    if error is not None or evaluation is None:
-        outcome = "harness_error"
-    elif env.submission is None:
-        outcome = "crashed" if agent_error is not None else "no_submission"
-    else:
-        outcome = evaluation.outcome
+def final_evaluation(
+    loaded: LoadedTask,
+    env: TrialEnvironment,
+    scoring: int,
+    folder: Path,
+    prog: TrialProgress,
+) -> tuple[Evaluation | None, str | None]:
+    """The submission scored on the hidden workload (unless the harness already failed):
+    the evaluation, or the harness's error (its traceback in ``harness_error.txt``)."""
+    if env.harness_error is not None:
+        return None, env.harness_error
+    try:
+        track = track_for(loaded, server_logs=folder / SERVER_LOGS)
+        evaluation = evaluate(
+            loaded,
+            env.submission,
+            scoring,
+            track=track,
+            progress=lambda stage, d, n: prog.stage(stage, d, n),
+            ran_in_workspace=[
+                str(e.config["digest"]) for e in env.experiments if e.ok and "digest" in e.config
+            ],
+        )
+    except Exception as e:
+        (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+        return None, _error_text(e)
+    return evaluation, None
 
-    result = TrialResult(
-        task=loaded.id,
-        task_title=loaded.task.title,
-        track=loaded.task.track,
-        agent=agent_name,
-        seed=seed,
-        outcome=outcome,
-        agent_error=agent_error,
-        error=error,
-        best_seen=best,
-        process=process,
-        budget=_budget(env),
-        scoring_seed=scoring,
-        versions=versions(),
-        started_at=started_at,
-        agent_outcome=getattr(agent, "outcome", None),
-        agent_cost=_agent_cost(agent),
-    )
-    if evaluation is not None:
-        fold_evaluation(result, evaluation)
-    if watched:
-        flag_trial(result, [f.text() for f in watched])
-    result.finished_at = now_iso()
-    result.timing = Timing(
-        wall_s=time.perf_counter() - t0, agent_wall_s=t_agent, evaluation_wall_s=t_eval
-    )
+
+def write_results(folder: Path, result: TrialResult, evaluation: Evaluation | None) -> None:
+    """``latencies.json`` and the pipeline files, then ``trial.json`` (the finished mark)."""
     try:
         if evaluation is not None:
             write_latencies(folder, evaluation.latencies)  # before trial.json, the finished mark
@@ -382,7 +433,6 @@ def run_trial(
             f"--out: cannot write {folder / TRIAL_FILE}: {e.strerror or e}; the trial "
             f"({result.outcome}{score}) is not recorded and runs again next time"
         ) from None
-    return result
 
 
 def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
@@ -394,7 +444,7 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
     )
     growing: list[Path] = []
     extra: list[tuple[Path, str]] = []
-    if loaded.task.track == "cpu":
+    if loaded.task.traits.readiness == "cpu_engine":
         references = track_paths().references
         growing.append(references)
         extra.append((references, "the reference outputs"))
@@ -423,25 +473,17 @@ def fold_evaluation(result: TrialResult, evaluation: Evaluation) -> None:
             result.leaderboard_score = paired.score
 
 
-def _agent_cost(agent: object) -> dict[str, Any] | None:
-    cost = getattr(agent, "cost", None)
-    if cost is None or not hasattr(cost, "model_dump"):
-        return None
-    data: dict[str, Any] = cost.model_dump()
-    return data
-
-
 def check_track_ready(loaded: LoadedTask) -> None:
     """Refuse, in one line, a task whose track this machine cannot run."""
-    track = loaded.task.track
-    if track == "cpu":
+    readiness = loaded.task.traits.readiness
+    if readiness == "cpu_engine":
         from servegym.cpu_track.setup import require_cpu_track
 
         try:
             require_cpu_track()
         except UserError as e:
             raise UserError(f"--task {loaded.id}: {e.message}") from None
-    elif track == "gpu":
+    elif readiness == "nvidia_gpus":
         from servegym.engines.host import this_host
 
         if this_host().gpus == 0:

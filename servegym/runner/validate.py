@@ -3,8 +3,7 @@
 Every task (or the ones named) loads and has an oracle; then the **nop check** (the
 baseline config scores 1.0 within ``evaluation.nop_tolerance``) and the **oracle check**
 (the oracle scores at least ``evaluation.oracle_min_score``), both through the task's
-final evaluation (:func:`servegym.runner.evaluation.evaluate`, or
-:func:`~servegym.runner.real_evaluation.evaluate_real` on a real track) on the scoring
+final evaluation (:func:`servegym.runner.evaluation.evaluate`, on the task's track) on the scoring
 workloads of trial seeds ``0 .. seeds-1``. A real-track task on a machine without its track
 gets the two checks skipped, saying why.
 """
@@ -57,7 +56,7 @@ class CheckResult:
 
 
 def _scoring_seeds(loaded: LoadedTask, seeds: int) -> list[tuple[int, int]]:
-    from servegym.runner.secrets import scoring_seed
+    from servegym.tasks.secrets import scoring_seed
 
     dev = loaded.task.workload.dev_seed
     return [(s, scoring_seed(loaded.task.id, s, avoid=dev)) for s in range(seeds)]
@@ -65,23 +64,22 @@ def _scoring_seeds(loaded: LoadedTask, seeds: int) -> list[tuple[int, int]]:
 
 def _evaluate(loaded: LoadedTask, submission: ServingConfig, seed: int) -> Evaluation:
     """The final evaluation of the task's track (real servers for cpu and gpu tasks)."""
-    if loaded.task.track == "sim":
-        from servegym.runner.evaluation import evaluate
-
-        return evaluate(loaded, submission, seed)
     import tempfile
 
-    from servegym.runner.real_evaluation import evaluate_real
+    from servegym.runner.evaluation import evaluate
+    from servegym.tracks import track_for
 
-    logs = Path(tempfile.mkdtemp(prefix=f"servegym-validate-{loaded.id}-"))
-    return evaluate_real(loaded, submission, seed, server_logs=logs)
+    logs = None
+    if not loaded.task.traits.simulated:
+        logs = Path(tempfile.mkdtemp(prefix=f"servegym-validate-{loaded.id}-"))
+    return evaluate(loaded, submission, seed, track=track_for(loaded, server_logs=logs))
 
 
 def _real_track_missing(loaded: LoadedTask) -> str | None:
     """Why this machine cannot run the task's nop and oracle checks, if it cannot."""
     from servegym.runner.trial import check_track_ready
 
-    if loaded.task.track == "sim":
+    if loaded.task.traits.readiness == "none":
         return None
     try:
         check_track_ready(loaded)
@@ -92,7 +90,7 @@ def _real_track_missing(loaded: LoadedTask) -> str | None:
 
 def check_nop(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     """The baseline config, submitted, scores 1.0 within ``evaluation.nop_tolerance``."""
-    from servegym.runner.environment import HarnessError
+    from servegym.errors import HarnessError
 
     t = loaded.task
     tol = t.evaluation.nop_tolerance
@@ -116,7 +114,7 @@ def check_nop(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
 
 def check_oracle(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     """The oracle config scores at least ``evaluation.oracle_min_score``."""
-    from servegym.runner.environment import HarnessError
+    from servegym.errors import HarnessError
 
     t = loaded.task
     if loaded.oracle is None:

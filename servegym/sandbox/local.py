@@ -89,19 +89,6 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def python_runtime_dirs(venv: Path) -> list[Path]:
-    """The folders a virtual environment's interpreter needs: the venv and the prefix of
-    the Python it was made from (``home`` in ``pyvenv.cfg``)."""
-    out = [venv]
-    cfg = venv / "pyvenv.cfg"
-    with contextlib.suppress(OSError):
-        for line in cfg.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                out.append(Path(value.strip()).parent)
-    return out
-
-
 def _inside(root: Path, path: Path) -> bool:
     try:
         path.relative_to(root)

@@ -158,7 +158,7 @@ def _check_references(loaded: LoadedTask) -> None:
 
     task = loaded.task
     where = loaded.path / TASK_FILE
-    if task.track == "sim":
+    if task.traits.simulated:
         try:
             get_model(task.model, "model")
             get_hardware(task.hardware, "hardware")

@@ -8,6 +8,7 @@ shown to agents). The scoring seed is not in the task: the harness derives it fr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -196,11 +197,41 @@ class EvaluationSpec(_Strict):
         return value
 
 
-TRACK_ENGINES: dict[str, tuple[str, ...]] = {
-    "sim": ("sim",),
-    "cpu": ("vllm-cpu",),
-    "gpu": ("vllm", "sglang"),
+@dataclass(frozen=True, slots=True)
+class TrackTraits:
+    """What a track allows and how it counts, as data: the task spec's validation reads it
+    here, low; the track classes (:mod:`servegym.tracks`) and the runner read it too, so no
+    layer tests a track's name."""
+
+    engines: tuple[str, ...]
+    simulated: bool
+    """Virtual time on modelled hardware: a sim GPU-seconds budget, rate-search objectives,
+    and the model and hardware must be profiles of the simulator."""
+    pipelines: bool
+    """Pipeline tasks may run on it."""
+    readiness: Literal["none", "cpu_engine", "nvidia_gpus"]
+    """What the machine needs before a trial runs (see ``check_track_ready``)."""
+
+    @property
+    def budget_unit(self) -> Literal["sim_gpu_seconds", "wall_seconds"]:
+        return "sim_gpu_seconds" if self.simulated else "wall_seconds"
+
+    @property
+    def rate_objectives(self) -> bool:
+        """Objectives that search the arrival rate over tens of runs."""
+        return self.simulated
+
+
+TRACK_TRAITS: dict[str, TrackTraits] = {
+    "sim": TrackTraits(engines=("sim",), simulated=True, pipelines=True, readiness="none"),
+    "cpu": TrackTraits(
+        engines=("vllm-cpu",), simulated=False, pipelines=True, readiness="cpu_engine"
+    ),
+    "gpu": TrackTraits(
+        engines=("vllm", "sglang"), simulated=False, pipelines=False, readiness="nvidia_gpus"
+    ),
 }
+TRACK_ENGINES: dict[str, tuple[str, ...]] = {k: t.engines for k, t in TRACK_TRAITS.items()}
 RATE_KINDS = ("max_rate_at_sla", "cost_at_sla")
 
 
@@ -237,6 +268,11 @@ class Task(_Strict):
         description="real tracks: whether the agent's commands may reach the network",
     )
 
+    @property
+    def traits(self) -> TrackTraits:
+        """The task's track's :class:`TrackTraits`."""
+        return TRACK_TRAITS[self.track]
+
     @model_validator(mode="after")
     def _check(self) -> Task:
         if self.objective.needs_sla and self.sla is None:
@@ -246,13 +282,14 @@ class Task(_Strict):
             raise ValueError(
                 f"the baseline's tensor_parallel_size {tp} exceeds max_gpus {self.max_gpus}"
             )
-        if self.track == "sim" and self.engines != ["sim"]:
-            raise ValueError("a sim task's engines must be ['sim']")
-        if self.track == "sim" and self.budget.sim_gpu_seconds is None:
-            raise ValueError("a sim task needs budget.sim_gpu_seconds")
-        if self.track != "sim" and self.budget.wall_seconds is None:
+        traits = self.traits
+        if traits.simulated and self.engines != list(traits.engines):
+            raise ValueError(f"a {self.track} task's engines must be {list(traits.engines)}")
+        if traits.simulated and self.budget.sim_gpu_seconds is None:
+            raise ValueError(f"a {self.track} task needs budget.sim_gpu_seconds")
+        if not traits.simulated and self.budget.wall_seconds is None:
             raise ValueError(f"a {self.track} task needs budget.wall_seconds")
-        allowed = TRACK_ENGINES[self.track]
+        allowed = traits.engines
         wrong = [e for e in self.engines if e not in allowed]
         if wrong:
             raise ValueError(
@@ -262,8 +299,9 @@ class Task(_Strict):
         objectives = self.objective.components or [self.objective]
         pipeline_kinds = [o.kind for o in objectives if o.kind in PIPELINE_KINDS]
         if self.pipeline is not None:
-            if self.track == "gpu":
-                raise ValueError("pipeline tasks run on the sim and cpu tracks (for now)")
+            if not traits.pipelines:
+                on = [k for k, t in TRACK_TRAITS.items() if t.pipelines]
+                raise ValueError(f"pipeline tasks run on the {' and '.join(on)} tracks (for now)")
             if len(pipeline_kinds) != len(objectives):
                 raise ValueError(
                     "a pipeline task's objective must be pipeline_rate or pipeline_latency"
@@ -272,7 +310,7 @@ class Task(_Strict):
             raise ValueError(f"objective '{pipeline_kinds[0]}' needs a [pipeline] table")
         if self.pipeline is None and self.baseline.pipeline is not None:
             raise ValueError("baseline.pipeline is for pipeline tasks only (no [pipeline] table)")
-        if self.track != "sim":
+        if not traits.rate_objectives:
             rate = [o.kind for o in objectives if o.kind in RATE_KINDS]
             if rate:
                 raise ValueError(

