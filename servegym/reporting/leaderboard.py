@@ -42,6 +42,7 @@ from servegym.runner.results import (
     read_latencies,
     read_trial,
 )
+from servegym.tasks.spec import TRACK_TRAITS
 
 BOOTSTRAP_SEED = 20_240_601
 """The numpy seed of every leaderboard bootstrap (mixed with the agent's and task's names)."""
@@ -114,7 +115,8 @@ def find_trials(run_dirs: Sequence[Path]) -> list[FoundTrial]:
 
 
 def _gpus(r: TrialResult) -> int:
-    if r.track == "cpu":
+    traits = TRACK_TRAITS.get(r.track)
+    if traits is not None and traits.occupies == "host_cpus":
         return 0
     counts = [s.num_gpus for s in (r.baseline, r.submission) if s is not None and s.num_gpus]
     return max(counts, default=1)

@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from servegym.errors import UserError
 from servegym.registry import Registry
 from servegym.runner.sweep import SweepConfig, TrialSpec
+from servegym.tasks.spec import TRACK_TRAITS
 
 CPU_TRACK_RESOURCE = "cpu_track"
 
@@ -192,12 +193,13 @@ class LocalExecutor:
                 while i < len(pending) and len(running) < self.max_concurrent:
                     spec = pending[i]
                     gpu: int | None = None
-                    if spec.track == "cpu":
+                    holds = TRACK_TRAITS[spec.track].occupies
+                    if holds == "host_cpus":
                         if not cpu_track_free:
                             i += 1
                             continue
                         cpu_track_free = False
-                    elif spec.track == "gpu":
+                    elif holds == "one_gpu":
                         if not free_gpus:
                             if self.gpus == 0:  # no GPU here: the trial refuses in one line
                                 gpu = None
@@ -222,7 +224,7 @@ class LocalExecutor:
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     spec, gpu = running.pop(future)
-                    if spec.track == "cpu":
+                    if TRACK_TRAITS[spec.track].occupies == "host_cpus":
                         cpu_track_free = True
                     if gpu is not None:
                         free_gpus.append(gpu)
@@ -300,9 +302,10 @@ class RayExecutor:
         refs: dict[Any, TrialSpec] = {}
         for spec in specs:
             options: dict[str, Any] = {"num_cpus": 1}
-            if spec.track == "cpu":
+            holds = TRACK_TRAITS[spec.track].occupies
+            if holds == "host_cpus":
                 options["resources"] = {CPU_TRACK_RESOURCE: 1}
-            elif spec.track == "gpu":
+            elif holds == "one_gpu":
                 options["num_gpus"] = 1
             ref = remote.options(**options).remote(
                 spec.model_dump(), str(out.resolve()), config.agent_options, config.tasks_root

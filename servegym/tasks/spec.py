@@ -211,6 +211,10 @@ class TrackTraits:
     """Pipeline tasks may run on it."""
     readiness: Literal["none", "cpu_engine", "nvidia_gpus"]
     """What the machine needs before a trial runs (see ``check_track_ready``)."""
+    occupies: Literal["nothing", "host_cpus", "one_gpu"]
+    """What one trial holds while it runs, so a sweep schedules it: ``nothing`` (virtual
+    time: trials run side by side), ``host_cpus`` (real servers on the host's cores: one
+    such trial at a time per host, or they measure each other), ``one_gpu``."""
 
     @property
     def budget_unit(self) -> Literal["sim_gpu_seconds", "wall_seconds"]:
@@ -223,12 +227,22 @@ class TrackTraits:
 
 
 TRACK_TRAITS: dict[str, TrackTraits] = {
-    "sim": TrackTraits(engines=("sim",), simulated=True, pipelines=True, readiness="none"),
+    "sim": TrackTraits(
+        engines=("sim",), simulated=True, pipelines=True, readiness="none", occupies="nothing"
+    ),
     "cpu": TrackTraits(
-        engines=("vllm-cpu",), simulated=False, pipelines=True, readiness="cpu_engine"
+        engines=("vllm-cpu",),
+        simulated=False,
+        pipelines=True,
+        readiness="cpu_engine",
+        occupies="host_cpus",
     ),
     "gpu": TrackTraits(
-        engines=("vllm", "sglang"), simulated=False, pipelines=False, readiness="nvidia_gpus"
+        engines=("vllm", "sglang"),
+        simulated=False,
+        pipelines=False,
+        readiness="nvidia_gpus",
+        occupies="one_gpu",
     ),
 }
 TRACK_ENGINES: dict[str, tuple[str, ...]] = {k: t.engines for k, t in TRACK_TRAITS.items()}
