@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from servegym.agents.base import AGENTS, MODEL_AGENTS, agent_names, make_agent
+from servegym.agents.base import AGENTS, MODEL_AGENTS, PlainAgent, agent_names, make_agent
 from servegym.engines.base import ENGINES, Engine, engine_names, get_engine
 from servegym.errors import UserError
 from servegym.registry import Registry, is_spec
@@ -165,9 +165,9 @@ def test_bad_agent_specs_are_one_line(tmp_path: Path, agent: str, says: str) -> 
 
 def test_module_class_specs_in_process(plugin_path: Path) -> None:
     agent = make_agent("tests_plugin_pkg.agent:MyAgent")
-    assert type(agent).__name__ == "MyAgent"
+    assert isinstance(agent, PlainAgent) and type(agent.agent).__name__ == "MyAgent"
     configured = make_agent("tests_plugin_pkg.agent:Configured", note="x")
-    assert getattr(configured, "note", None) == "x"
+    assert isinstance(configured, PlainAgent) and configured.agent.note == "x"
     with pytest.raises(UserError, match=r"^--agent tests_plugin_pkg.agent:Configured: cannot"):
         make_agent("tests_plugin_pkg.agent:Configured")
     with pytest.raises(UserError, match="does not take the settings nope"):
@@ -214,7 +214,7 @@ def test_installed_plugins_are_found(plugin_path: Path) -> None:
     _dist_info(plugin_path, ENTRY_POINTS)
     assert {"myplugin", "notanagent"} <= set(agent_names())
     agent = make_agent("myplugin")
-    assert type(agent).__name__ == "MyAgent"
+    assert isinstance(agent, PlainAgent) and type(agent.agent).__name__ == "MyAgent"
     with pytest.raises(UserError) as e:
         make_agent("notanagent")
     assert e.value.message.startswith("--agent: plug-in 'notanagent' (servegym.agents entry")

@@ -223,6 +223,19 @@ class AgentBase:
         return None
 
 
+class PlainAgent(AgentBase):
+    """An agent made by a class that does not derive from :class:`AgentBase` (an outside
+    class with just ``name`` and ``run``): the trial sees it through the defaults, so it
+    never probes the object for what it lacks."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.name = str(getattr(agent, "name", type(agent).__name__))
+
+    def run(self, env: TaskEnvironment, seed: int) -> None:
+        self.agent.run(env, seed)
+
+
 def _is_agent_factory(obj: object) -> bool:
     """A class with a ``run`` method, or a factory function (whose product is checked)."""
     if isinstance(obj, type):
@@ -304,4 +317,4 @@ def make_agent(name: str, **kwargs: object) -> Agent:
         ) from None
     if not callable(getattr(agent, "run", None)):
         raise UserError(f"--agent: '{name}' is not an agent class (it makes no agent)")
-    return agent
+    return agent if isinstance(agent, AgentBase) else PlainAgent(agent)
