@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,3 +25,12 @@ ScaleOption = Annotated[
 def given(**settings: object) -> dict[str, object]:
     """The agent settings given on the command line (flags left out are not passed on)."""
     return {k: v for k, v in settings.items() if v is not None}
+
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="ServingConfig TOML (knobs at top level)")
+]
+KnobSetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="serving knob override: knob=value (repeatable)"),
+]

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from servegym.cli.console import console as stdout_console
 from servegym.cli.console import err_console
+from servegym.cli.options import ConfigOption, KnobSetOption
 
 if TYPE_CHECKING:
     from servegym.engines.base import LaunchSpec
@@ -75,13 +76,8 @@ def run_server(spec: LaunchSpec, log: Path | None, timeout_s: float, console: Co
 def serve(
     engine: Annotated[str, typer.Option("--engine", help="vllm, vllm-cpu or sglang")],
     model: Annotated[str, typer.Option("--model", help="model folder, hub id, or servegym-tiny")],
-    config: Annotated[
-        Path | None, typer.Option("--config", help="ServingConfig TOML (knobs at top level)")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="serving knob override: knob=value (repeatable)"),
-    ] = None,
+    config: ConfigOption = None,
+    set_: KnobSetOption = None,
     port: Annotated[
         int | None, typer.Option("--port", min=1, max=65535, help="port (default: a free one)")
     ] = None,

@@ -9,7 +9,13 @@ import typer
 from rich.markup import escape
 
 from servegym.cli.console import console, err_console
-from servegym.cli.options import RequestsOption, ScaleOption, SeedOption
+from servegym.cli.options import (
+    ConfigOption,
+    KnobSetOption,
+    RequestsOption,
+    ScaleOption,
+    SeedOption,
+)
 from servegym.errors import UserError
 
 
@@ -25,13 +31,8 @@ def sim(
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="run folder to write")] = None,
     seed: SeedOption = 0,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="ServingConfig TOML (knobs at top level)")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="serving knob override: knob=value (repeatable)"),
-    ] = None,
+    config: ConfigOption = None,
+    set_: KnobSetOption = None,
     workload_set: Annotated[
         list[str] | None,
         typer.Option("--workload-set", help="workload field override: key=value (repeatable)"),
