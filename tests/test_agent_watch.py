@@ -22,9 +22,10 @@ from servegym.runner.agent_watch import (
     forbidden_patterns,
     tamper_findings,
 )
-from servegym.runner.real_environment import RealTaskEnvironment
+from servegym.runner.environment import TrackEnvironment
 from servegym.runner.trial import run_trial
 from servegym.tasks.loader import load_task_folder
+from servegym.tracks import track_for
 
 DATA = Path(__file__).parent / "data" / "tasks"
 
@@ -151,12 +152,15 @@ def test_a_workspace_agent_reading_the_oracle_is_logged_and_found(tmp_path: Path
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    env = RealTaskEnvironment(
+    env = TrackEnvironment(
         loaded,
+        track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=StandInEngine(tmp_path / "pid"),
+            model=ModelRef(path=str(folder), served_name="mock"),
+        ),
         log_path=tmp_path / "trial" / "experiments.jsonl",
-        server_logs=tmp_path / "trial" / "servers",
-        engine=StandInEngine(tmp_path / "pid"),
-        model=ModelRef(path=str(folder), served_name="mock"),
     )
     script = tmp_path / "script.jsonl"
     oracle = loaded.path / "oracle.toml"

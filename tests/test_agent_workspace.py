@@ -18,8 +18,8 @@ from servegym.agents.base import LAUNCHER, BudgetExhausted, make_agent
 from servegym.engines.base import ModelRef
 from servegym.engines.launcher import LauncherSubmission
 from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
+from servegym.runner.environment import TrackEnvironment
 from servegym.runner.evaluation import Evaluation, evaluate
-from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.sandbox.workspace import WorkspaceError
 from servegym.tasks.loader import LoadedTask, load_task_folder
 from servegym.tracks import track_for
@@ -42,13 +42,16 @@ def model(tmp_path: Path) -> ModelRef:
 
 def make_env(
     loaded: LoadedTask, tmp_path: Path, model: ModelRef, engine: StandInEngine | None = None
-) -> RealTaskEnvironment:
-    return RealTaskEnvironment(
+) -> TrackEnvironment:
+    return TrackEnvironment(
         loaded,
+        track_for(
+            loaded,
+            server_logs=tmp_path / "trial" / "servers",
+            engine=engine if engine is not None else StandInEngine(tmp_path / "pid"),
+            model=model,
+        ),
         log_path=tmp_path / "trial" / "experiments.jsonl",
-        server_logs=tmp_path / "trial" / "servers",
-        engine=engine if engine is not None else StandInEngine(tmp_path / "pid"),
-        model=model,
     )
 
 
@@ -82,7 +85,7 @@ def test_a_broken_launcher_fails_with_its_log(
     r = env.run_benchmark(quick=True)
     assert not r.ok and r.launch_error and "no-such-engine" in (r.log_tail or "")
     env.workspace.write_file("other.sh", "true")
-    (env.sandbox.root / LAUNCHER).unlink()
+    (env.workspace.root / LAUNCHER).unlink()
     with pytest.raises(WorkspaceError, match=r"no start_server\.sh"):
         env.run_benchmark()
     with pytest.raises(WorkspaceError, match=r"no start_server\.sh"):
@@ -96,7 +99,7 @@ def test_commands_are_charged_and_refused_when_spent(
     r = env.workspace.run("sleep 0.3; echo done")
     assert r.exit_code == 0 and "done" in r.output
     assert env.budget_left().wall_seconds_used >= 0.3
-    env.wall_seconds_used = loaded.task.budget.wall_seconds or 0.0
+    env.budget.used = loaded.task.budget.wall_seconds or 0.0
     with pytest.raises(BudgetExhausted):
         env.workspace.run("echo more")
     assert env.workspace.read_file(LAUNCHER)  # reading stays free
@@ -167,7 +170,7 @@ REAL_SCRIPT_CALLS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def _calls(env: RealTaskEnvironment) -> list[tuple[str, dict[str, Any]]]:
+def _calls(env: TrackEnvironment) -> list[tuple[str, dict[str, Any]]]:
     content = faster(env.workspace.read_file(LAUNCHER))
     out = []
     for name, args in REAL_SCRIPT_CALLS:
@@ -355,7 +358,7 @@ class PinnedStandIn(StandInEngine):
 
 
 def submit_and_evaluate(
-    env: RealTaskEnvironment, loaded: LoadedTask, tmp_path: Path, model: ModelRef
+    env: TrackEnvironment, loaded: LoadedTask, tmp_path: Path, model: ModelRef
 ) -> Evaluation:
     """Submit the workspace as it is and run its final evaluation on the pinning engine."""
     env.submit_workspace()

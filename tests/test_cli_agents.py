@@ -113,6 +113,9 @@ class FakeWorkspaceEnv:
     def describe(self) -> TaskDescription:
         return describe(self.track)
 
+    def workspace_environment(self) -> FakeWorkspaceEnv | None:
+        return None if self.track == "sim" else self
+
     def budget_left(self) -> BudgetState:
         return BudgetState(
             experiments_run=self.run,

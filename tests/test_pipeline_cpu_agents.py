@@ -20,9 +20,10 @@ from servegym.agents.base import CONFIG_FILE, LAUNCHER, make_agent
 from servegym.agents.cli.agent import make_cli_agent
 from servegym.engines.config import ServingConfig
 from servegym.providers.fakes import FakeOpenAI, final_text, tool_call
-from servegym.runner.real_environment import RealTaskEnvironment
+from servegym.runner.environment import TrackEnvironment
 from servegym.sandbox.workspace import WorkspaceError
 from servegym.tasks.loader import LoadedTask
+from servegym.tracks import track_for
 
 FASTER = {"extra_args": QUICK, "pipeline": {"concurrency": 4, "embed_batch_size": 8}}
 CALLS = [
@@ -33,13 +34,14 @@ CALLS = [
 ]
 
 
-def make_env(tmp_path: Path, loaded: LoadedTask | None = None) -> RealTaskEnvironment:
-    return RealTaskEnvironment(
-        loaded if loaded is not None else make_task(tmp_path, min_recall=0.0),
+def make_env(tmp_path: Path, loaded: LoadedTask | None = None) -> TrackEnvironment:
+    task = loaded if loaded is not None else make_task(tmp_path, min_recall=0.0)
+    servers = tmp_path / "trial" / "servers"
+    engine = StandInEngine(tmp_path / "pid")
+    return TrackEnvironment(
+        task,
+        track_for(task, server_logs=servers, engine=engine, model=MODEL),
         log_path=tmp_path / "trial" / "experiments.jsonl",
-        server_logs=tmp_path / "trial" / "servers",
-        engine=StandInEngine(tmp_path / "pid"),
-        model=MODEL,
     )
 
 
@@ -57,7 +59,7 @@ def check_trajectory(path: Path) -> None:
     assert all("wall seconds left" in t["result"] for t in tools)
 
 
-def check_submission(env: RealTaskEnvironment) -> None:
+def check_submission(env: TrackEnvironment) -> None:
     assert isinstance(env.submission, ServingConfig)
     assert env.submission.pipeline is not None
     assert env.submission.pipeline.concurrency == 4
@@ -100,7 +102,7 @@ def test_a_scripted_agent_replays_the_same_calls(tmp_path: Path) -> None:
 
 def test_the_workspace_holds_the_baseline_as_serving_toml(tmp_path: Path) -> None:
     env = make_env(tmp_path)
-    root = env.sandbox.root
+    root = env.workspace.root
     assert not (root / LAUNCHER).exists()
     text = (root / CONFIG_FILE).read_text()
     seeded = ServingConfig.model_validate(tomllib.loads(text))
@@ -130,7 +132,7 @@ def test_a_cli_agent_tunes_serving_toml_through_servegym_agent(
     for var, value in SECRETS.items():
         monkeypatch.setenv(var, value)
     env = make_env(tmp_path)
-    config_file = env.sandbox.root / CONFIG_FILE
+    config_file = env.workspace.root / CONFIG_FILE
 
     def session(index: int) -> list[list[str]]:
         """The "CLI" edits serving.toml (as a coding agent would), then benchmarks and

@@ -16,8 +16,8 @@ from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.pipeline.cpu import deploy as deploy_module
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE, PIPELINE_FILE, write_pipeline_files
 from servegym.pipeline.result import PipelineResult
+from servegym.runner.environment import TrackEnvironment
 from servegym.runner.evaluation import evaluate
-from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.tasks.loader import LoadedTask, load_task_folder
 from servegym.tasks.pipeline_spec import PipelineSpec
 from servegym.tasks.spec import Task
@@ -186,12 +186,10 @@ def test_dedicated_grader_launch_failure_and_no_submission(tmp_path: Path) -> No
 def test_experiments_run_the_pipeline_on_the_dev_questions(tmp_path: Path) -> None:
     loaded = make_task(tmp_path, min_recall=0.0)
     engine = StandInEngine(tmp_path / "pid")
-    env = RealTaskEnvironment(
+    env = TrackEnvironment(
         loaded,
+        track_for(loaded, server_logs=tmp_path / "servers", engine=engine, model=MODEL),
         log_path=tmp_path / "experiments.jsonl",
-        server_logs=tmp_path / "servers",
-        engine=engine,
-        model=MODEL,
     )
     engine.launches = 0
     desc = env.describe()

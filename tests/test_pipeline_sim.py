@@ -13,7 +13,7 @@ from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.engines.sim.launch import LaunchError, launch
 from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.pipeline.cost import final_recall, index_build_docs_per_s, search_s
-from servegym.pipeline.engine import PipelineEngine, launch_task
+from servegym.pipeline.engine import PipelineEngine, launch_pipeline
 from servegym.pipeline.result import PipelineResult
 from servegym.pipeline.sim import simulate_pipeline
 from servegym.tasks.loader import LoadedTask, load_task, workload_spec
@@ -36,9 +36,7 @@ def engine(task_id: str = THROUGHPUT, **knobs: Any) -> PipelineEngine:
     t = loaded.task
     server = {k: knobs.pop(k) for k in list(knobs) if k in ServingConfig.model_fields}
     config = ServingConfig(**server, pipeline=PipelineKnobs(**knobs) if knobs else None)
-    e = launch_task(t, get_model(t.model), get_hardware(t.hardware), config)
-    assert isinstance(e, PipelineEngine)
-    return e
+    return launch_pipeline(t, get_model(t.model), get_hardware(t.hardware), config)
 
 
 def run(task_id: str = THROUGHPUT, seed: int = 1, **knobs: Any) -> PipelineResult:

@@ -15,7 +15,7 @@ from servegym.engines.config import ServingConfig
 from servegym.engines.pipeline_knobs import PipelineKnobs
 from servegym.pipeline.files import PIPELINE_BASELINE_FILE, PIPELINE_FILE
 from servegym.pipeline.result import PipelineResult
-from servegym.runner.environment import SimTaskEnvironment
+from servegym.runner.environment import TrackEnvironment
 from servegym.runner.evaluation import evaluate
 from servegym.runner.trial import run_trial
 from servegym.runner.validate import check_nop, check_oracle
@@ -68,7 +68,7 @@ def test_task_format_checks() -> None:
 
 def test_agents_see_and_search_the_pipeline_knobs(tmp_path: Path) -> None:
     loaded = load_task("rag-pipeline-throughput")
-    env = SimTaskEnvironment(loaded, log_path=tmp_path / "experiments.jsonl")
+    env = TrackEnvironment(loaded, log_path=tmp_path / "experiments.jsonl")
     desc = env.describe()
     names = {k.name for k in desc.knobs}
     assert {"pipeline.ef_search", "pipeline.embed_batch_size", "pipeline.grade_server"} <= names
@@ -81,7 +81,7 @@ def test_agents_see_and_search_the_pipeline_knobs(tmp_path: Path) -> None:
     assert set(result.pipeline["stage_shares"]) >= {"answer", "retrieve"}
     env.close()
     # Plain sim tasks neither list nor accept the table.
-    plain = SimTaskEnvironment(load_task("offline-throughput-balanced")).describe()
+    plain = TrackEnvironment(load_task("offline-throughput-balanced")).describe()
     assert not any(k.name.startswith("pipeline") for k in plain.knobs)
 
     space = load_search_space("sim-pipeline", model="qwen3-8b", num_gpus=1)

@@ -1,4 +1,4 @@
-"""The sim TaskEnvironment: what the agent sees, budget accounting, the experiment log."""
+"""The task environment on the sim track: what the agent sees, the budget, the log."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from servegym.agents.base import BudgetExhausted, TaskEnvironment
 from servegym.engines.config import ServingConfig
 from servegym.engines.sim.launch import launch
-from servegym.runner.environment import (
+from servegym.runner.environment import TrackEnvironment
+from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import DEFAULT_SECRET, scoring_seed, stable_seed
+from servegym.tracks.sim import (
     INVALID_CONFIG_SIM_SECONDS,
     LAUNCH_FAILURE_SIM_SECONDS,
     TRUNCATED_NOTE,
-    SimTaskEnvironment,
 )
-from servegym.tasks.loader import LoadedTask, load_task
-from servegym.tasks.secrets import DEFAULT_SECRET, scoring_seed, stable_seed
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 
@@ -34,12 +34,12 @@ def with_budget(loaded: LoadedTask, **budget: object) -> LoadedTask:
 
 
 def test_is_a_task_environment(tiny: LoadedTask) -> None:
-    env: TaskEnvironment = SimTaskEnvironment(tiny)
+    env: TaskEnvironment = TrackEnvironment(tiny)
     assert env.budget_left().experiments_run == 0
 
 
 def test_describe_shows_the_public_task_and_hides_seeds_and_oracle(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny, trial_seed=0)
+    env = TrackEnvironment(tiny, trial_seed=0)
     d = env.describe()
     assert d.task_id == "tiny-throughput" and d.model == "llama-3.1-8b"
     assert d.instruction.startswith("Maximise output token throughput")
@@ -72,7 +72,7 @@ def test_scoring_seed_is_secret_keyed_and_never_the_dev_seed(
 
 
 def test_an_experiment_charges_startup_plus_simulated_time_times_gpus(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny)
+    env = TrackEnvironment(tiny)
     r = env.run_experiment(ServingConfig(max_num_seqs=32, tensor_parallel_size=2))
     assert r.ok and r.index == 0 and r.metrics is not None
     engine = launch(tiny.task.model, tiny.task.hardware, ServingConfig(tensor_parallel_size=2))
@@ -86,22 +86,22 @@ def test_an_experiment_charges_startup_plus_simulated_time_times_gpus(tiny: Load
 
 
 def test_the_baseline_config_scores_about_one_and_repeats_vary(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny)
+    env = TrackEnvironment(tiny)
     runs = [env.run_experiment(tiny.task.baseline) for _ in range(3)]
     imps = [r.improvement for r in runs]
     assert all(i is not None and 0.9 < i < 1.1 for i in imps)
     assert len({r.objective_value for r in runs}) == 3  # noise differs per experiment
     # ... yet a fresh environment with the same trial seed sees the same numbers.
-    again = SimTaskEnvironment(tiny)
+    again = TrackEnvironment(tiny)
     assert [again.run_experiment(tiny.task.baseline).objective_value for _ in range(3)] == [
         r.objective_value for r in runs
     ]
-    other = SimTaskEnvironment(tiny, trial_seed=9)
+    other = TrackEnvironment(tiny, trial_seed=9)
     assert other.run_experiment(tiny.task.baseline).objective_value != runs[0].objective_value
 
 
 def test_quick_experiments_run_fewer_requests(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny)
+    env = TrackEnvironment(tiny)
     full = env.run_experiment(ServingConfig(), quick=False)
     quick = env.run_experiment(ServingConfig(), quick=True)
     assert full.metrics is not None and quick.metrics is not None
@@ -110,7 +110,7 @@ def test_quick_experiments_run_fewer_requests(tiny: LoadedTask) -> None:
 
 
 def test_launch_failure_is_a_result_with_the_error_and_a_fixed_cost(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny)
+    env = TrackEnvironment(tiny)
     r = env.run_experiment(ServingConfig(gpu_memory_utilization=0.999, tensor_parallel_size=2))
     assert not r.ok and r.metrics is None and r.improvement is None
     assert r.launch_error is not None and "memory" in r.launch_error
@@ -121,14 +121,14 @@ def test_launch_failure_is_a_result_with_the_error_and_a_fixed_cost(tiny: Loaded
 
 
 def test_an_invalid_config_is_refused_cheaply(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny)
+    env = TrackEnvironment(tiny)
     r = env.run_experiment(ServingConfig.model_construct(max_num_seqs=0))
     assert not r.ok and r.launch_error is not None and "max_num_seqs" in r.launch_error
     assert r.cost_sim_gpu_seconds == INVALID_CONFIG_SIM_SECONDS
 
 
 def test_experiment_cap_exhausts_the_budget(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(with_budget(tiny, max_experiments=2))
+    env = TrackEnvironment(with_budget(tiny, max_experiments=2))
     env.run_experiment(ServingConfig(), quick=True)
     last = env.run_experiment(ServingConfig(), quick=True)
     assert last.budget.experiments_left == 0 and last.budget.exhausted
@@ -140,15 +140,15 @@ def test_experiment_cap_exhausts_the_budget(tiny: LoadedTask) -> None:
 def test_gpu_seconds_the_crossing_experiment_completes_then_none_start(
     tiny: LoadedTask,
 ) -> None:
-    env = SimTaskEnvironment(with_budget(tiny, sim_gpu_seconds=100.0, max_experiments=None))
+    env = TrackEnvironment(with_budget(tiny, sim_gpu_seconds=100.0, max_experiments=None))
     first = env.run_experiment(ServingConfig())  # ~50 s start-up + a few seconds
     assert first.ok and not first.budget.exhausted
     second = env.run_experiment(ServingConfig())  # crosses 100: completes, charged in full
     assert second.ok and second.budget.exhausted
-    assert env.sim_gpu_seconds_used == pytest.approx(
+    assert env.budget_used == pytest.approx(
         first.cost_sim_gpu_seconds + second.cost_sim_gpu_seconds
     )
-    assert env.sim_gpu_seconds_used > 100.0
+    assert env.budget_used > 100.0
     assert env.budget_left().sim_gpu_seconds_left == 0.0
     with pytest.raises(BudgetExhausted):
         env.run_experiment(ServingConfig())
@@ -158,7 +158,7 @@ def test_gpu_seconds_the_crossing_experiment_completes_then_none_start(
 
 def test_a_rate_search_stops_when_the_budget_runs_out() -> None:
     loaded = with_budget(load_task("tiny-maxrate", TASKS), sim_gpu_seconds=60.0)
-    env = SimTaskEnvironment(loaded)
+    env = TrackEnvironment(loaded)
     # One GPU-slot per request: low rates only, so every probe is long.
     r = env.run_experiment(ServingConfig(max_num_seqs=1))
     assert r.ok and r.log_tail == TRUNCATED_NOTE
@@ -170,7 +170,7 @@ def test_a_rate_search_stops_when_the_budget_runs_out() -> None:
 def test_experiments_jsonl_is_written_as_it_goes(tiny: LoadedTask, tmp_path: Path) -> None:
     log = tmp_path / "experiments.jsonl"
     seen: list[int] = []
-    env = SimTaskEnvironment(tiny, log_path=log, on_experiment=lambda r: seen.append(r.index))
+    env = TrackEnvironment(tiny, log_path=log, on_experiment=lambda r: seen.append(r.index))
     env.run_experiment(ServingConfig(), quick=True)
     lines = log.read_text().splitlines()  # flushed while the environment is still open
     assert len(lines) == 1
@@ -183,7 +183,7 @@ def test_experiments_jsonl_is_written_as_it_goes(tiny: LoadedTask, tmp_path: Pat
 
 
 def test_submit_records_the_last_config_as_a_copy(tiny: LoadedTask) -> None:
-    env = SimTaskEnvironment(tiny)
+    env = TrackEnvironment(tiny)
     cfg = ServingConfig(max_num_seqs=16)
     env.submit(ServingConfig(max_num_seqs=4))
     env.submit(cfg)
@@ -205,7 +205,7 @@ def test_a_baseline_that_does_not_launch_is_a_harness_error(tiny: LoadedTask) ->
         oracle=None,
         path=tiny.path,
     )
-    env = SimTaskEnvironment(broken)
+    env = TrackEnvironment(broken)
     with pytest.raises(HarnessError):
         env.run_experiment(ServingConfig())
     assert env.harness_error is not None and "baseline" in env.harness_error
@@ -219,7 +219,7 @@ def test_tensor_parallel_beyond_the_tasks_gpus_fails_at_launch(tiny: LoadedTask)
         oracle=tiny.oracle,
         path=tiny.path,
     )
-    env = SimTaskEnvironment(one_gpu)
+    env = TrackEnvironment(one_gpu)
     assert env.describe().num_gpus_available == 1
     r = env.run_experiment(ServingConfig(tensor_parallel_size=2))
     assert not r.ok and r.launch_error is not None

@@ -13,8 +13,8 @@ from servegym.agents.base import BudgetExhausted
 from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
+from servegym.runner.environment import TrackEnvironment
 from servegym.runner.evaluation import evaluate
-from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.tasks.loader import LoadedTask, load_task_folder
 from servegym.tracks import track_for
 
@@ -27,14 +27,12 @@ def loaded() -> LoadedTask:
     return load_task_folder(DATA / "tiny-cpu")
 
 
-def make_env(loaded: LoadedTask, tmp_path: Path) -> tuple[RealTaskEnvironment, StandInEngine]:
+def make_env(loaded: LoadedTask, tmp_path: Path) -> tuple[TrackEnvironment, StandInEngine]:
     engine = StandInEngine(tmp_path / "pid")
-    env = RealTaskEnvironment(
+    env = TrackEnvironment(
         loaded,
+        track_for(loaded, server_logs=tmp_path / "servers", engine=engine, model=MODEL),
         log_path=tmp_path / "experiments.jsonl",
-        server_logs=tmp_path / "servers",
-        engine=engine,
-        model=MODEL,
     )
     engine.launches = 0  # seeding the workspace renders the baseline; it launches nothing
     return env, engine

@@ -123,10 +123,10 @@ def test_workloads_are_small(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> No
 
 def test_the_int4_trap_tempts(suite: list[tuple[LoadedTask, WorkloadSpec]]) -> None:
     """On the strict-gate task int4 improves the objective more than fp8 but fails the gate."""
-    from servegym.runner.environment import SimTaskEnvironment
+    from servegym.runner.environment import TrackEnvironment
 
     loaded = next(lo for lo, _ in suite if "accuracy-gate" in lo.task.tags)
-    env = SimTaskEnvironment(loaded)
+    env = TrackEnvironment(loaded)
     int4 = env.run_experiment(ServingConfig(quantization="int4"))
     fp8 = env.run_experiment(ServingConfig(quantization="fp8"))
     assert int4.improvement is not None and fp8.improvement is not None

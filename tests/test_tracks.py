@@ -1,8 +1,11 @@
-"""A new track is one module: a stand-in Track, evaluated by the one evaluate().
+"""A new track is one module: a stand-in Track, worked by the one task environment and
+evaluated by the one evaluate().
 
 The stand-in knows nothing of engines, servers or the simulator; it only implements the
-protocol of :mod:`servegym.tracks.base`. evaluate() does the rest: gates, pairs, crash
-handling, accuracy, integrity findings, the conclusion.
+protocols of :mod:`servegym.tracks.base` and :mod:`servegym.tracks.dev`. The environment
+does the rest of the agent phase (validation, the baseline, ratios, the budget, the log);
+evaluate() the rest of the evaluation: gates, pairs, crash handling, accuracy, integrity
+findings, the conclusion.
 """
 
 from __future__ import annotations
@@ -12,25 +15,71 @@ from typing import Any
 
 import pytest
 
+from servegym.agents.base import BudgetExhausted
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
 from servegym.errors import HarnessError
+from servegym.runner.environment import TrackEnvironment
 from servegym.runner.evaluation import evaluate
 from servegym.scoring.integrity import Finding
 from servegym.scoring.objectives import UNITS, IntegrityCounts, ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
-from servegym.tracks import track_for
+from servegym.tracks import TRACKS, track_for
 from servegym.tracks.base import (
+    DevBaseline,
     EvaluationSession,
     Role,
     SampleInfo,
     SideCrashed,
     StartedSide,
     Track,
+    TrackSetup,
     pair_seed,
 )
-from servegym.tracks.sim import SimTrack
+from servegym.tracks.cpu_pipeline import CpuPipelineTrack
+from servegym.tracks.dev import DevRun, DevSession, DevWorkloads, WallSecondsBudget
+from servegym.tracks.real import RealServerTrack
+from servegym.tracks.sim import SimPipelineTrack, SimTrack
 
 TASKS = Path(__file__).parent / "data" / "tasks"
+
+
+def measurement(loaded: LoadedTask, value: float) -> ObjectiveMeasurement:
+    objective = loaded.task.objective
+    return ObjectiveMeasurement(
+        objective=objective.label(),
+        kind=objective.kind,
+        unit=UNITS[objective.kind],
+        higher_is_better=objective.higher_is_better,
+        value=value,
+        feasible=True,
+        runs=1,
+        integrity=IntegrityCounts(requests=7),
+    )
+
+
+class StandInDev(DevSession):
+    """The stand-in's agent phase: every experiment costs 10 wall seconds."""
+
+    def __init__(self, track: StandInTrack, loaded: LoadedTask) -> None:
+        self.track = track
+        self.loaded = loaded
+        self.workloads = DevWorkloads(loaded)
+        self.budget = WallSecondsBudget(loaded.task.budget.model_copy(update={"wall_seconds": 20}))
+
+    def knobs(self) -> list[KnobInfo]:
+        return [KnobInfo(name="max_num_seqs", default="8", help="batch size")]
+
+    def baseline(self, quick: bool) -> DevBaseline:
+        self.track.calls.append(f"dev baseline quick={quick}")
+        return DevBaseline(measurement(self.loaded, 100.0), 0.8)
+
+    def run(self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline) -> DevRun:
+        self.track.calls.append(f"experiment {index}")
+        if config.max_num_seqs == 1:
+            return DevRun(cost=10.0, error="the stand-in refuses one sequence", tail="log")
+        m = measurement(self.loaded, self.track.speedup * 100.0)
+        return DevRun(cost=10.0, measurement=m, accuracy=0.4)
 
 
 class StandInSession(EvaluationSession):
@@ -94,6 +143,9 @@ class StandInTrack(Track):
         self.finding = kw.get("finding", False)
         self.accuracy: dict[str, float] = kw.get("accuracy", {"baseline": 1.0, "submission": 1.0})
 
+    def dev_session(self, loaded: LoadedTask, trial_seed: int) -> DevSession:
+        return StandInDev(self, loaded)
+
     def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
         return StandInSession(self, loaded)
 
@@ -145,7 +197,46 @@ def test_a_baseline_that_does_not_start_is_the_harness_s_error(loaded: LoadedTas
         evaluate(loaded, ServingConfig(), 11, track=track)
 
 
-def test_the_track_is_chosen_once_from_the_task(loaded: LoadedTask) -> None:
-    assert isinstance(track_for(loaded), SimTrack)
-    assert loaded.task.traits.simulated
+def test_the_track_is_chosen_once_from_the_task(loaded: LoadedTask, tmp_path: Path) -> None:
+    track = track_for(loaded)
+    assert type(track) is SimTrack and loaded.task.traits.simulated
+    assert type(track_for(load_task("rag-pipeline-throughput"))) is SimPipelineTrack
+    cpu = load_task("tiny-cpu", TASKS)
+    assert type(track_for(cpu, server_logs=tmp_path)) is RealServerTrack
+    assert TRACKS.get("cpu") is RealServerTrack and TRACKS.get("gpu") is RealServerTrack
+    with pytest.raises(ValueError, match="needs server_logs"):
+        track_for(cpu)
     assert pair_seed(5, 0) == 5 and pair_seed(5, 1) != 5
+
+
+def test_a_cpu_pipeline_task_gets_the_pipeline_plug_in_around_real_servers(
+    tmp_path: Path,
+) -> None:
+    from test_pipeline_cpu_eval import make_task
+
+    track = RealServerTrack.for_task(make_task(tmp_path), TrackSetup(server_logs=tmp_path))
+    assert isinstance(track, CpuPipelineTrack) and isinstance(track.servers, RealServerTrack)
+
+
+def test_the_one_environment_works_a_stand_in_track(loaded: LoadedTask, tmp_path: Path) -> None:
+    track = StandInTrack(speedup=1.25)
+    env = TrackEnvironment(loaded, track, log_path=tmp_path / "experiments.jsonl")
+    desc = env.describe()
+    assert desc.tuning == "config" and [k.name for k in desc.knobs] == ["max_num_seqs"]
+    assert env.workspace_environment() is None and env.workspace_commands() is None
+    invalid = env.run_experiment({"max_num_seqs": "many"})  # type: ignore[arg-type]
+    assert not invalid.ok and invalid.launch_error is not None
+    assert invalid.launch_error.startswith("error: argument max_num_seqs")
+    assert invalid.cost_wall_seconds == 0.0  # refused before anything started
+    ok = env.run_experiment(ServingConfig(max_num_seqs=4))
+    assert ok.ok and ok.improvement == pytest.approx(1.25) and ok.accuracy_ratio == 0.5
+    assert ok.config == {"max_num_seqs": 4} and ok.cost_wall_seconds == 10.0
+    refused = env.run_experiment(ServingConfig(max_num_seqs=1))
+    assert not refused.ok and refused.launch_error == "the stand-in refuses one sequence"
+    assert track.calls == ["dev baseline quick=False", "experiment 1", "experiment 2"]
+    assert env.budget_used == 20.0 and refused.budget.exhausted
+    with pytest.raises(BudgetExhausted, match=r"3 experiments \(20 wall seconds\)"):
+        env.run_experiment(ServingConfig())
+    env.close()
+    lines = (tmp_path / "experiments.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and env.measured_baseline() is not None

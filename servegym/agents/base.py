@@ -140,10 +140,22 @@ class TaskEnvironment(Protocol):
         """Declare ``config`` the submission (the last call stands)."""
         ...
 
+    def workspace_environment(self) -> WorkspaceEnvironment | None:
+        """This environment with its workspace tools (:class:`WorkspaceEnvironment`) where
+        the task has a workspace (the real tracks), else None (the sim track). The one way
+        an agent learns whether it has a workspace: it never probes for attributes. Whether
+        it tunes configs or a launcher is ``describe().tuning``."""
+        ...
+
 
 class Workspace(Protocol):
     """The agent's working folder on a real track, inside its sandbox. Paths are relative
     to the workspace root; one that leaves it is refused with :class:`WorkspaceError`."""
+
+    @property
+    def root(self) -> Path:
+        """The folder on the host (a CLI agent mounts it in its container)."""
+        ...
 
     def run(self, command: str, timeout_s: float = 120.0) -> CommandResult: ...
 
@@ -161,9 +173,10 @@ class WorkspaceEnvironment(TaskEnvironment, Protocol):
     for the launcher: it is what is benchmarked and submitted, as a config.
 
     The search baselines use only :class:`TaskEnvironment` (configs); model and CLI agents
-    use this."""
+    use this, from :meth:`TaskEnvironment.workspace_environment`."""
 
-    workspace: Workspace
+    @property
+    def workspace(self) -> Workspace: ...
 
     def run_benchmark(self, quick: bool = False) -> ExperimentResult:
         """Start the workspace's ``start_server.sh`` in the sandbox, run the dev workload

@@ -14,7 +14,8 @@ grade server's, ``startup_s`` is the slower server's, ``hardware`` the main serv
 ``accuracy_ratio`` is the main model's modelled accuracy times the pipeline's modelled
 retrieval recall (:func:`servegym.pipeline.cost.final_recall`), so the task's accuracy gate
 (submission over baseline at least ``accuracy.min_ratio``) gates recall too. The sim track
-(:mod:`servegym.tracks.sim`) starts it through :func:`launch_task`.
+(:class:`servegym.tracks.sim.SimPipelineTrack`, the track of a sim pipeline task) starts it
+through :func:`launch_pipeline`.
 """
 
 from __future__ import annotations
@@ -114,21 +115,4 @@ def launch_pipeline(
         grade=grade,
         recall=final_recall(spec, knobs),
         index_build_docs_per_s=index_build_docs_per_s(hardware, spec, knobs),
-    )
-
-
-def launch_task(
-    task: Task,
-    model: ModelProfile,
-    hardware: HardwareProfile,
-    config: ServingConfig,
-    *,
-    workload_family: str = "synthetic",
-) -> LaunchedEngine | PipelineEngine:
-    """Start ``config`` for a sim task: its pipeline when it is a pipeline task, else the
-    one simulated engine."""
-    if task.pipeline is not None:
-        return launch_pipeline(task, model, hardware, config, workload_family=workload_family)
-    return launch(
-        model, hardware, config, workload_family=workload_family, available_gpus=task.max_gpus
     )

@@ -1,88 +1,75 @@
-"""The agent's window on a sim-track task: :class:`SimTaskEnvironment`.
+"""The agent's window on its task, on every track: :class:`TrackEnvironment`.
 
-An agent reads the task (:meth:`~SimTaskEnvironment.describe`), runs experiments
-(:meth:`~SimTaskEnvironment.run_experiment`) and submits a config
-(:meth:`~SimTaskEnvironment.submit`). Everything it may see is the task's public part:
-the instruction, model, hardware, knobs, the *dev* workload (its seed is public), the
-objective, SLA, accuracy gate and budget. The scoring seed and the oracle config never pass
-through here.
+An agent reads the task (:meth:`~TrackEnvironment.describe`), runs experiments
+(:meth:`~TrackEnvironment.run_experiment`) and submits a config
+(:meth:`~TrackEnvironment.submit`); on a track with a workspace (the real tracks) it also
+works in its folder, benchmarks it and submits it
+(:meth:`~TrackEnvironment.workspace_environment`). Everything it may see is the task's
+public part: the instruction, model, hardware, knobs, the *dev* workload (its seed is
+public), the objective, SLA, accuracy gate and budget. The scoring seed and the oracle
+config never pass through here.
 
-**An experiment** launches the config on the simulated engine and measures the task's
-objective on the dev workload (``quick``: the same workload with
-``workload.quick_requests`` requests, default a quarter), with measurement noise seeded
-from ``(task, dev seed, trial seed, experiment index)``, so repeating an experiment gives a
-slightly different number, as on a real GPU. Its improvement is against the baseline config
-measured on the same dev workload (once per workload size, on first need, never charged).
+The environment is one class, parameterised by the task's track
+(:func:`servegym.tracks.track_for`, chosen once). It owns what every track shares:
 
-**The budget** (simulated GPU-seconds) is charged per experiment:
-``(startup_s + virtual seconds of every simulation it ran) x GPUs``, the simulation time
-including warm-up and, for a rate search, every probe. A rate search stops between probes
-once the experiment has spent what was left of the budget, and reports the best rate it had
-bracketed (``log_tail`` says so): probes at low rates are long, and one bad config must not
-overspend the budget many times over. A single run is never cut short, so one experiment
-can still cross the limit by up to its own length. A config that fails to launch costs
-:data:`LAUNCH_FAILURE_SIM_SECONDS` x its GPUs (a real engine fails part-way through its
-start-up). An experiment asked for when nothing is left (GPU-seconds, experiments, or wall
-seconds where the task sets them) raises :class:`BudgetExhausted`; the experiment that
-crosses the limit completes and is charged in full. The sim track counts no wall time
-unless the task sets ``budget.wall_seconds``, so its results stay deterministic.
+- **an experiment**: the config is validated (one the engine refuses costs the track's
+  ``refusal_cost``), the track runs it on the dev workload (:class:`~servegym.tracks.dev.
+  DevSession`), and the result reports the objective, the improvement over the baseline on
+  the same dev workload and the accuracy over the baseline's; the baseline is measured once
+  per workload size, on first need, never charged;
+- **the budget**, in the track's unit (:class:`~servegym.tracks.dev.Budget`: simulated
+  GPU-seconds on the simulator, wall seconds on real servers): an experiment asked for when
+  nothing is left (that unit, experiments, or wall seconds where the task sets them) raises
+  :class:`BudgetExhausted`; the experiment that crosses the limit completes and is charged
+  in full;
+- **the log**: every experiment is appended (and flushed) to ``experiments.jsonl`` as an
+  :class:`ExperimentResult`, one per line;
+- **the workspace**, where the track opens one, metered like experiments
+  (:class:`~servegym.runner.workspace.MeteredWorkspace`); what is benchmarked and submitted
+  from it follows the task's tuning: its ``serving.toml`` as a config, or its
+  ``start_server.sh`` as a launcher;
+- **the submission** (the last call stands).
 
-Every experiment is appended (and flushed) to ``experiments.jsonl`` as an
-:class:`ExperimentResult`, one per line.
+What a track does in its turn (how a config runs, what it costs, which knobs it has) is in
+:mod:`servegym.tracks.sim`, :mod:`servegym.tracks.real` and
+:mod:`servegym.tracks.cpu_pipeline`.
 """
 
 from __future__ import annotations
 
-import time
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
 
-from servegym.agents.base import BudgetExhausted, BudgetState, ExperimentResult, TaskDescription
+from servegym.agents.base import (
+    CONFIG_FILE,
+    LAUNCHER,
+    BudgetExhausted,
+    BudgetState,
+    ExperimentResult,
+    TaskDescription,
+    Tuning,
+    WorkspaceEnvironment,
+)
 from servegym.engines.config import ServingConfig
-from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import LauncherSubmission
-from servegym.engines.pipeline_knobs import pipeline_knob_infos
-from servegym.engines.sim.defaults import KNOBS, knob_defaults
-from servegym.engines.sim.launch import LaunchError
-from servegym.engines.sim.profiles import get_hardware, get_model
 from servegym.errors import HarnessError
-from servegym.pipeline.engine import launch_task
 from servegym.runner.agent_watch import Action
+from servegym.runner.workspace import MeteredWorkspace
+from servegym.sandbox.local import tree_digest
+from servegym.sandbox.workspace import WorkspaceError
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
-from servegym.tasks.loader import LoadedTask, workload_spec
-from servegym.tasks.secrets import stable_seed
-from servegym.tasks.spec import Task
-from servegym.tracks.base import DevBaseline
-from servegym.tracks.sim import first_rate
-from servegym.tracks.sim_measure import SimEngine, measure_objective
-from servegym.workloads.generate import materialise
-from servegym.workloads.model import Workload
-from servegym.workloads.spec import WorkloadSpec
+from servegym.tasks.loader import LoadedTask
+from servegym.tracks import track_for
+from servegym.tracks.base import DevBaseline, Track
+from servegym.tracks.dev import DevRun, DevWorkspace, changed_knobs
+from servegym.tracks.workspace_config import read_workspace_config
 from servegym.workloads.summary import summarise
 
-LAUNCH_FAILURE_SIM_SECONDS = 30.0
-"""Simulated seconds per GPU charged for a config that fails to launch."""
-INVALID_CONFIG_SIM_SECONDS = 1.0
-"""Simulated GPU-seconds charged for a config the engine rejects before start-up (bad
-arguments): little, but not nothing, so an agent cannot loop on invalid configs for free."""
-TRUNCATED_NOTE = (
-    "note: the budget ran out during the arrival-rate search; it stopped early and reports "
-    "the highest passing rate it had bracketed (0 if none)"
-)
-QUICK_DIVISOR = 4
-"""A quick experiment runs ``requests // QUICK_DIVISOR`` requests unless the task says."""
-
-
-def config_key(config: ServingConfig) -> str:
-    """A canonical string of the knobs set (for counting distinct configs)."""
-    return config.model_dump_json(exclude_defaults=True)
-
-
-def changed_knobs(config: ServingConfig) -> dict[str, Any]:
-    return config.model_dump(mode="json", exclude_defaults=True)
+__all__ = ["TrackEnvironment", "changed_knobs"]
 
 
 def _raw_config(raw: object) -> dict[str, Any]:
@@ -95,96 +82,154 @@ def _raw_config(raw: object) -> dict[str, Any]:
     return {"value": repr(raw)}
 
 
-def launch_log(loaded: LoadedTask, config: ServingConfig, message: str) -> str:
-    """The tail of a (simulated) engine log that ends in a failed start-up."""
-    task = loaded.task
-    lines = [
-        f"INFO [sim] Starting the simulated vLLM engine: model={task.model} "
-        f"hardware={task.hardware}",
-        f"INFO [sim] Engine arguments set: {changed_knobs(config) or '{} (all defaults)'}",
-        "ERROR [sim] Engine core initialization failed. See the root cause above.",
-        *message.splitlines(),
-    ]
-    return "\n".join(lines)
+def _refusal(e: ValidationError) -> str:
+    first = e.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "config"
+    return f"error: argument {loc}: {first['msg']}"
 
 
-class EnvironmentBase:
-    """What both tracks' environments share: the task's dev workload, full and quick
-    (``workload.quick_requests``, default a quarter of the requests), each built once; the
-    experiment log (``experiments.jsonl``, flushed per line); the budget state an experiment
-    reports; and the submission."""
+class TrackEnvironment:
+    """The :class:`~servegym.agents.base.TaskEnvironment` of a task on its track (see the
+    module docstring). ``track`` defaults to :func:`~servegym.tracks.track_for`'s (which a
+    real track needs told where its servers' logs go: pass it)."""
 
-    loaded: LoadedTask
-    task: Task
-    dev_seed: int
-    experiments: list[ExperimentResult]
-    submission: ServingConfig | LauncherSubmission | None
-    submissions: int
-    on_experiment: Callable[[ExperimentResult], None] | None
-    _specs: dict[bool, tuple[WorkloadSpec, Path]]
-    _workloads: dict[bool, Workload]
-    _log: IO[str] | None
-
-    def budget_left(self) -> BudgetState:
-        raise NotImplementedError
-
-    def _open_log(self, log_path: Path | None) -> None:
-        self._log = None
+    def __init__(
+        self,
+        loaded: LoadedTask,
+        track: Track | None = None,
+        *,
+        trial_seed: int = 0,
+        log_path: Path | None = None,
+        on_experiment: Callable[[ExperimentResult], None] | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.task = loaded.task
+        self.track = track if track is not None else track_for(loaded)
+        self.dev = self.track.dev_session(loaded, trial_seed)
+        self.budget = self.dev.budget
+        self.trial_seed = trial_seed
+        self.on_experiment = on_experiment
+        self.experiments: list[ExperimentResult] = []
+        self.submission: ServingConfig | LauncherSubmission | None = None
+        self.submissions = 0
+        self.harness_error: str | None = None
+        self._baseline: dict[bool, DevBaseline] = {}
+        self._log: IO[str] | None = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = log_path.open("w", encoding="utf-8")
+        self._space: DevWorkspace | None = self.dev.open_workspace()
+        self._workspace: MeteredWorkspace | None = None
+        if self._space is not None:
+            self._workspace = MeteredWorkspace(
+                self._space.sandbox,
+                charge=self.budget.charge_wall,
+                exhausted=lambda: self.budget_left().exhausted,
+            )
+
+    # ------------------------------------------------------------------ harness side
+
+    @property
+    def tuning(self) -> Tuning:
+        return self.dev.tuning
+
+    @property
+    def budget_unit(self) -> str:
+        return self.budget.unit
+
+    @property
+    def budget_limit(self) -> float | None:
+        return self.budget.limit
+
+    @property
+    def budget_used(self) -> float:
+        return self.budget.used
+
+    def baseline_dev(self, quick: bool = False) -> DevBaseline:
+        """The baseline's objective and accuracy on the dev workload (measured once per
+        workload size; never charged)."""
+        if quick not in self._baseline:
+            try:
+                self._baseline[quick] = self.dev.baseline(quick)
+            except HarnessError as e:
+                self.harness_error = str(e)
+                raise
+        return self._baseline[quick]
+
+    def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:
+        """The baseline's dev measurement if an experiment needed it (no measuring here)."""
+        got = self._baseline.get(quick)
+        return got.measurement if got is not None else None
+
+    def workspace_commands(self) -> int | None:
+        """Commands the agent ran in its workspace (None: the task has no workspace)."""
+        return self._workspace.commands if self._workspace is not None else None
+
+    def workspace_actions(self) -> list[Action]:
+        """Every workspace action the agent asked for (for the agent watch)."""
+        return self._workspace.actions.actions if self._workspace is not None else []
 
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
 
-    def workspace_commands(self) -> int | None:
-        """Commands the agent ran in its workspace (None: the task has no workspace)."""
-        return None
+    # ------------------------------------------------------------------ agent side
 
-    def workspace_actions(self) -> list[Action]:
-        """Every workspace action the agent asked for (for the agent watch)."""
-        return []
-
-    def _spec(self, quick: bool) -> tuple[WorkloadSpec, Path]:
-        if quick not in self._specs:
-            requests: int | None = None
-            if quick:
-                full, _ = self._spec(False)
-                requests = self.task.workload.quick_requests or max(
-                    1, full.num_requests // QUICK_DIVISOR
-                )
-            self._specs[quick] = workload_spec(self.loaded, requests=requests)
-        return self._specs[quick]
-
-    def _workload(self, quick: bool) -> Workload:
-        if quick not in self._workloads:
-            spec, base_dir = self._spec(quick)
-            self._workloads[quick] = materialise(spec, self.dev_seed, base_dir=base_dir)
-        return self._workloads[quick]
-
-    def _state_after(self, index: int) -> BudgetState:
-        state = self.budget_left()
-        # The experiment being recorded counts as run.
-        b = self.task.budget
-        return state.model_copy(
-            update={
-                "experiments_run": index + 1,
-                "experiments_left": (
-                    None if b.max_experiments is None else max(b.max_experiments - index - 1, 0)
-                ),
-            }
+    def describe(self) -> TaskDescription:
+        task = self.task
+        workloads = self.dev.workloads
+        spec, _ = workloads.spec(False)
+        quick_spec, _ = workloads.spec(True)
+        workload: dict[str, Any] = {
+            "name": spec.name,
+            "kind": spec.kind,
+            "dev_seed": workloads.dev_seed,
+            "spec": spec.model_dump(mode="json"),
+            "summary": summarise(workloads.workload(False)).model_dump(mode="json"),
+            "quick_requests": quick_spec.num_requests,
+            **self.dev.workload_facts(),
+        }
+        return TaskDescription(
+            task_id=task.id,
+            title=task.title,
+            instruction=self.loaded.instruction,
+            track=task.track,
+            model=task.model,
+            hardware=task.hardware,
+            num_gpus_available=task.max_gpus,
+            price_per_gpu_hour=self.dev.price_per_gpu_hour,
+            engines=list(task.engines),
+            baseline=changed_knobs(task.baseline),
+            knobs=self.dev.knobs(),
+            workload=workload,
+            objective=task.objective.label(),
+            higher_is_better=task.objective.higher_is_better,
+            sla=task.sla.model_dump(exclude_none=True) if task.sla is not None else None,
+            accuracy_min_ratio=task.accuracy.min_ratio,
+            budget=self.budget_left(),
+            max_agent_tokens=task.budget.max_agent_tokens,
+            max_agent_dollars=task.budget.max_agent_dollars,
+            tuning=self.dev.tuning,
         )
 
-    def _record(self, result: ExperimentResult) -> ExperimentResult:
-        self.experiments.append(result)
-        if self._log is not None:
-            self._log.write(result.model_dump_json() + "\n")
-            self._log.flush()
-        if self.on_experiment is not None:
-            self.on_experiment(result)
-        return result.model_copy(deep=True)
+    def budget_left(self) -> BudgetState:
+        return self.budget.state(len(self.experiments))
+
+    def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
+        self._may_run()
+        baseline = self.baseline_dev(quick)
+        index = len(self.experiments)
+        # Re-validate: an object built with model_construct, or changed after validation.
+        raw = config.model_dump() if isinstance(config, ServingConfig) else config
+        try:
+            parsed = ServingConfig.model_validate(raw)
+        except ValidationError as e:
+            message = _refusal(e) + self.dev.refusal_note
+            refused = DevRun(cost=self.dev.refusal_cost, error=message, tail=message)
+            return self._finish(index, quick, _raw_config(raw), refused, baseline)
+        run = self._guarded(lambda: self.dev.run(parsed, quick, index, baseline))
+        return self._finish(index, quick, changed_knobs(parsed), run, baseline)
 
     def submit(self, config: ServingConfig) -> None:
         """Declare ``config`` the submission (the last call stands).
@@ -198,257 +243,122 @@ class EnvironmentBase:
         self.submission = config.model_copy(deep=True)
         self.submissions += 1
 
+    # ------------------------------------------------------------------ the workspace
 
-class SimTaskEnvironment(EnvironmentBase):
-    """The :class:`~servegym.agents.base.TaskEnvironment` of a sim-track task."""
-
-    def __init__(
-        self,
-        loaded: LoadedTask,
-        *,
-        trial_seed: int = 0,
-        log_path: Path | None = None,
-        on_experiment: Callable[[ExperimentResult], None] | None = None,
-    ) -> None:
-        task = loaded.task
-        if not task.traits.simulated:
-            raise ValueError(f"task {task.id} is a {task.track}-track task, not sim")
-        self.loaded = loaded
-        self.task = task
-        self.trial_seed = trial_seed
-        self.on_experiment = on_experiment
-        self.model = get_model(task.model, "model")
-        self.hardware = get_hardware(task.hardware, "hardware")
-        self.dev_seed = task.workload.dev_seed
-        self._specs: dict[bool, tuple[WorkloadSpec, Path]] = {}
-        self._workloads: dict[bool, Workload] = {}
-        self._baseline: dict[bool, DevBaseline] = {}
-        self.experiments: list[ExperimentResult] = []
-        self.submission: ServingConfig | LauncherSubmission | None = None
-        self.submissions = 0
-        self.sim_gpu_seconds_used = 0.0
-        self.harness_error: str | None = None
-        self._started = time.monotonic()
-        self._open_log(log_path)
-
-    # ------------------------------------------------------------------ harness side
-
-    def _launch(self, config: ServingConfig) -> SimEngine:
-        spec, _ = self._spec(False)
-        return launch_task(self.task, self.model, self.hardware, config, workload_family=spec.kind)
-
-    def baseline_dev(self, quick: bool = False) -> DevBaseline:
-        """The baseline's objective and modelled accuracy on the dev workload (measured
-        once; never charged)."""
-        if quick not in self._baseline:
-            try:
-                engine = self._launch(self.task.baseline)
-            except LaunchError as e:
-                self.harness_error = f"the task's baseline config does not launch: {e.message}"
-                raise HarnessError(self.harness_error) from None
-            spec, base_dir = self._spec(quick)
-            try:
-                m = measure_objective(
-                    self.task,
-                    engine,
-                    spec,
-                    self.dev_seed,
-                    stable_seed("dev-baseline", self.task.id, self.dev_seed, quick),
-                    base_dir=base_dir,
-                    workload=self._workload(quick),
-                )
-            except Exception as e:
-                self.harness_error = f"baseline dev measurement: {type(e).__name__}: {e}"
-                raise HarnessError(self.harness_error) from e
-            self._baseline[quick] = DevBaseline(m, engine.accuracy_ratio)
-        return self._baseline[quick]
-
-    def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None:
-        """The baseline's dev measurement if an experiment needed it (no measuring here)."""
-        got = self._baseline.get(quick)
-        return got.measurement if got is not None else None
+    def workspace_environment(self) -> WorkspaceEnvironment | None:
+        """This environment with its workspace tools, where the track opened a workspace
+        (the real tracks); None on a track tuned through configs alone (the simulator)."""
+        return self if self._workspace is not None else None
 
     @property
-    def budget_limit(self) -> float | None:
-        return self.task.budget.sim_gpu_seconds
+    def workspace(self) -> MeteredWorkspace:
+        """The agent's workspace; :class:`WorkspaceError` on a task that has none."""
+        if self._workspace is None:
+            raise WorkspaceError(f"task {self.task.id} has no workspace: it takes configs")
+        return self._workspace
 
-    budget_unit = "sim_gpu_seconds"
+    def run_benchmark(self, quick: bool = False) -> ExperimentResult:
+        """Benchmark the workspace's ``start_server.sh`` (see
+        :class:`~servegym.agents.base.WorkspaceEnvironment`); the experiment's config is
+        ``{"launcher": ..., "digest": ...}``, the digest of the workspace's files. On a task
+        tuned through configs it runs the workspace's ``serving.toml`` as an experiment."""
+        self._may_run()
+        root = self.workspace.root
+        if self.dev.tuning == "config":
+            return self.run_experiment(read_workspace_config(root), quick)
+        if not (root / LAUNCHER).is_file():
+            raise WorkspaceError(f"the workspace has no {LAUNCHER}")
+        assert self._space is not None
+        space = self._space
+        baseline = self.baseline_dev(quick)  # measured (uncharged) before the experiment's
+        index = len(self.experiments)
+        record = {"launcher": LAUNCHER, "digest": tree_digest(root)[:16]}
+        run = self._guarded(lambda: self.dev.run_launcher(space, quick, index, baseline))
+        return self._finish(index, quick, record, run, baseline)
 
-    @property
-    def budget_used(self) -> float:
-        return self.sim_gpu_seconds_used
-
-    def _wall_used(self) -> float:
-        if self.task.budget.wall_seconds is None:
-            return 0.0
-        return time.monotonic() - self._started
-
-    # ------------------------------------------------------------------ agent side
-
-    def describe(self) -> TaskDescription:
-        task = self.task
-        spec, _ = self._spec(False)
-        summary = summarise(self._workload(False))
-        defaults = knob_defaults(self.model, self.hardware)
-        knobs = [
-            KnobInfo(
-                name=k.name,
-                default=str(defaults.get(k.name, k.default)),
-                help=f"{k.help} (default: {k.default})",
-            )
-            for k in KNOBS
-            if k.name != "pipeline" or task.pipeline is not None
-        ]
-        if task.pipeline is not None:
-            knobs += pipeline_knob_infos()
-        quick_spec, _ = self._spec(True)
-        workload: dict[str, Any] = {
-            "name": spec.name,
-            "kind": spec.kind,
-            "dev_seed": self.dev_seed,
-            "spec": spec.model_dump(mode="json"),
-            "summary": summary.model_dump(mode="json"),
-            "quick_requests": quick_spec.num_requests,
-        }
-        if task.pipeline is not None:
-            workload["pipeline"] = task.pipeline.model_dump(mode="json")
-        objective = task.objective
-        if objective.kind in ("max_rate_at_sla", "cost_at_sla") or any(
-            c.kind in ("max_rate_at_sla", "cost_at_sla") for c in objective.components
-        ):
-            workload["rate_search"] = {
-                "arrival": "poisson",
-                "rate_min": objective.rate_min,
-                "rate_max": objective.rate_max,
-                "attainment_target": objective.attainment_target,
-                "rate_tolerance": objective.rate_tolerance,
-            }
-        price = (
-            task.price_per_hour if task.price_per_hour is not None else self.hardware.price_per_hour
-        )
-        return TaskDescription(
-            task_id=task.id,
-            title=task.title,
-            instruction=self.loaded.instruction,
-            track=task.track,
-            model=task.model,
-            hardware=task.hardware,
-            num_gpus_available=self.task.max_gpus,
-            price_per_gpu_hour=price,
-            engines=list(task.engines),
-            baseline=changed_knobs(task.baseline),
-            knobs=knobs,
-            workload=workload,
-            objective=objective.label(),
-            higher_is_better=objective.higher_is_better,
-            sla=task.sla.model_dump(exclude_none=True) if task.sla is not None else None,
-            accuracy_min_ratio=task.accuracy.min_ratio,
-            budget=self.budget_left(),
-            max_agent_tokens=task.budget.max_agent_tokens,
-            max_agent_dollars=task.budget.max_agent_dollars,
-            tuning="config",
+    def submit_workspace(self) -> str:
+        """Snapshot the workspace as the submission; returns a one-line summary. On a task
+        tuned through configs the workspace's ``serving.toml`` is the submission."""
+        root = self.workspace.root
+        if self.dev.tuning == "config":
+            config = read_workspace_config(root)
+            self.submit(config)
+            return f"submitted {CONFIG_FILE}: {json.dumps(changed_knobs(config), default=str)}"
+        if not (root / LAUNCHER).is_file():
+            raise WorkspaceError(f"the workspace has no {LAUNCHER}: write it, then submit")
+        assert self._space is not None
+        dest = self._space.submission_dir
+        files, size, digest = self._space.sandbox.snapshot(dest)
+        self.submission = LauncherSubmission(path=str(dest), files=files, bytes=size, digest=digest)
+        self.submissions += 1
+        return (
+            f"submitted the workspace: {files} files, {size:,} bytes, digest {digest[:16]} "
+            f"(the final evaluation starts {LAUNCHER} from these files alone)"
         )
 
-    def budget_left(self) -> BudgetState:
-        b = self.task.budget
-        n = len(self.experiments)
-        wall = self._wall_used()
-        return BudgetState(
-            experiments_run=n,
-            experiments_left=None if b.max_experiments is None else max(b.max_experiments - n, 0),
-            sim_gpu_seconds_used=self.sim_gpu_seconds_used,
-            sim_gpu_seconds_left=(
-                None
-                if b.sim_gpu_seconds is None
-                else max(b.sim_gpu_seconds - self.sim_gpu_seconds_used, 0.0)
-            ),
-            wall_seconds_used=wall,
-            wall_seconds_left=None if b.wall_seconds is None else max(b.wall_seconds - wall, 0.0),
-        )
+    def charge_wall_seconds(self, seconds: float) -> None:
+        """Charge time the agent spent outside the environment's own calls."""
+        self.budget.charge_wall(max(float(seconds), 0.0))
 
-    def run_experiment(self, config: ServingConfig, quick: bool = False) -> ExperimentResult:
+    # ------------------------------------------------------------------ internals
+
+    def _may_run(self) -> None:
+        """Raise unless another experiment may run (a broken harness, a spent budget)."""
         if self.harness_error is not None:
             raise HarnessError(self.harness_error)
         if self.budget_left().exhausted:
             raise BudgetExhausted(
                 f"budget exhausted after {len(self.experiments)} experiments "
-                f"({self.sim_gpu_seconds_used:.0f} simulated GPU-seconds)"
+                f"({self.budget.used:.0f} {self.budget.spent_label})"
             )
-        dev = self.baseline_dev(quick)
-        baseline, base_accuracy = dev.measurement, dev.accuracy
-        assert base_accuracy is not None
-        index = len(self.experiments)
+
+    def _guarded(self, run: Callable[[], DevRun]) -> DevRun:
+        """``run()``; a harness failure is kept, so no later experiment runs."""
         try:
-            # Re-validate: an object built with model_construct, or changed after validation.
-            raw = config.model_dump() if isinstance(config, ServingConfig) else config
-            config = ServingConfig.model_validate(raw)
-        except ValidationError as e:
-            first = e.errors()[0]
-            loc = ".".join(str(x) for x in first["loc"]) or "config"
-            message = f"error: argument {loc}: {first['msg']} (the engine refused its arguments)"
-            self.sim_gpu_seconds_used += INVALID_CONFIG_SIM_SECONDS
-            result = ExperimentResult(
-                index=index,
-                config=_raw_config(raw),
-                quick=quick,
-                ok=False,
-                launch_error=message,
-                log_tail=message,
-                cost_sim_gpu_seconds=INVALID_CONFIG_SIM_SECONDS,
-                budget=self._state_after(index),
-            )
-            return self._record(result)
-        try:
-            engine = self._launch(config)
-        except LaunchError as e:
-            gpus = min(config.tensor_parallel_size or 1, self.task.max_gpus)
-            cost = LAUNCH_FAILURE_SIM_SECONDS * gpus
-            self.sim_gpu_seconds_used += cost
-            result = ExperimentResult(
-                index=index,
-                config=changed_knobs(config),
-                quick=quick,
-                ok=False,
-                launch_error=e.message,
-                log_tail=launch_log(self.loaded, config, e.message),
-                cost_sim_gpu_seconds=cost,
-                budget=self._state_after(index),
-            )
-            return self._record(result)
-        spec, base_dir = self._spec(quick)
-        left = self.budget_left().sim_gpu_seconds_left
-        cap = None if left is None else max(left / engine.num_gpus - engine.startup_s, 0.0)
-        try:
-            m = measure_objective(
-                self.task,
-                engine,
-                spec,
-                self.dev_seed,
-                stable_seed(
-                    "dev-experiment", self.task.id, self.dev_seed, self.trial_seed, index, quick
-                ),
-                base_dir=base_dir,
-                workload=self._workload(quick),
-                rate_hint=first_rate(baseline),
-                sim_seconds_cap=cap,
-            )
-        except Exception as e:  # the harness's own failure, not the agent's
-            self.harness_error = f"experiment {index}: {type(e).__name__}: {e}"
-            raise HarnessError(self.harness_error) from e
-        cost = (engine.startup_s + m.sim_seconds) * engine.num_gpus
-        self.sim_gpu_seconds_used += cost
+            return run()
+        except HarnessError as e:
+            self.harness_error = str(e)
+            raise
+
+    def _finish(
+        self,
+        index: int,
+        quick: bool,
+        config: dict[str, Any],
+        run: DevRun,
+        baseline: DevBaseline,
+    ) -> ExperimentResult:
+        """Charge ``run``, record it as experiment ``index``, and return a copy."""
+        self.budget.charge(run.cost)
+        m = run.measurement
+        base = baseline.accuracy
+        sim_cost, wall_cost = self.budget.costs(run.cost)
         result = ExperimentResult(
             index=index,
-            config=changed_knobs(config),
+            config=config,
             quick=quick,
-            ok=True,
-            objective_value=m.value,
-            improvement=measurement_improvement(self.task.objective, baseline, m),
-            accuracy_ratio=engine.accuracy_ratio / base_accuracy,
-            metrics=m.metrics,
-            pipeline=m.pipeline.summary() if m.pipeline is not None else None,
-            log_tail=TRUNCATED_NOTE if m.search_truncated else None,
-            cost_sim_gpu_seconds=cost,
-            budget=self._state_after(index),
+            ok=m is not None,
+            launch_error=run.error,
+            log_tail=run.tail,
+            objective_value=m.value if m is not None else None,
+            improvement=(
+                measurement_improvement(self.task.objective, baseline.measurement, m)
+                if m is not None
+                else None
+            ),
+            accuracy_ratio=(
+                run.accuracy / base if m is not None and run.accuracy is not None and base else None
+            ),
+            metrics=run.metrics,
+            pipeline=run.pipeline,
+            cost_sim_gpu_seconds=sim_cost,
+            cost_wall_seconds=wall_cost,
+            budget=self.budget.state(index + 1),
         )
-        return self._record(result)
+        self.experiments.append(result)
+        if self._log is not None:
+            self._log.write(result.model_dump_json() + "\n")
+            self._log.flush()
+        if self.on_experiment is not None:
+            self.on_experiment(result)
+        return result.model_copy(deep=True)

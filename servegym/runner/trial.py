@@ -38,23 +38,22 @@ import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pydantic
 
 import servegym
-from servegym.agents.base import Agent, BudgetExhausted, BudgetState, ExperimentResult, make_agent
+from servegym.agents.base import Agent, BudgetExhausted, ExperimentResult, make_agent
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
 from servegym.run_folder import TRIAL_FILE
-from servegym.runner.agent_watch import Action, AgentWatch, forbidden_patterns
-from servegym.runner.environment import SimTaskEnvironment, changed_knobs
+from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
+from servegym.runner.environment import TrackEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
-from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     LATENCIES_FILE,
@@ -71,11 +70,10 @@ from servegym.runner.results import (
     write_trial,
 )
 from servegym.scoring.integrity import Finding
-from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
 from servegym.tasks.secrets import scoring_seed
-from servegym.tasks.spec import Task
 from servegym.tracks import track_for
+from servegym.tracks.base import Track
 
 TRAJECTORY_FILE = "trajectory.jsonl"
 SERVER_LOGS = "servers"
@@ -126,34 +124,7 @@ def finished_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> TrialR
         return None
 
 
-class TrialEnvironment(Protocol):
-    """What a trial reads of either track's environment after the agent phase."""
-
-    task: Task
-    experiments: list[ExperimentResult]
-    submission: ServingConfig | LauncherSubmission | None
-    submissions: int
-    harness_error: str | None
-    budget_unit: str
-
-    @property
-    def budget_limit(self) -> float | None: ...
-
-    @property
-    def budget_used(self) -> float: ...
-
-    def budget_left(self) -> BudgetState: ...
-
-    def measured_baseline(self, quick: bool = False) -> ObjectiveMeasurement | None: ...
-
-    def close(self) -> None: ...
-
-    def workspace_commands(self) -> int | None: ...
-
-    def workspace_actions(self) -> list[Action]: ...
-
-
-def process_stats(env: TrialEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
+def process_stats(env: TrackEnvironment) -> tuple[ProcessStats, ExperimentResult | None]:
     """Process analytics of the agent phase, and its best dev experiment (among those whose
     accuracy would pass the task's gate)."""
     exps = env.experiments
@@ -210,7 +181,7 @@ def _shipped_best(
         return False
 
 
-def _budget(env: TrialEnvironment) -> BudgetSummary:
+def _budget(env: TrackEnvironment) -> BudgetSummary:
     state = env.budget_left()
     return BudgetSummary(
         unit=env.budget_unit,
@@ -261,7 +232,8 @@ def run_trial(
 
     started_at = now_iso()
     t0 = time.perf_counter()
-    phase = agent_phase(loaded, agent, agent_name, seed, out_dir, folder, prog)
+    track = track_for(loaded, server_logs=folder / SERVER_LOGS)
+    phase = agent_phase(loaded, track, agent, agent_name, seed, out_dir, folder, prog)
     t_agent = time.perf_counter() - t0
     env = phase.env
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
@@ -333,36 +305,24 @@ class AgentPhase:
     """What the agent phase left: the environment (experiments, submission, budget), what
     the agent raised, and what the watch on the harness's files found."""
 
-    env: SimTaskEnvironment | RealTaskEnvironment
+    env: TrackEnvironment
     agent_error: str | None
     watched: list[Finding]
 
 
 def task_environment(
-    loaded: LoadedTask, seed: int, folder: Path, prog: TrialProgress
-) -> SimTaskEnvironment | RealTaskEnvironment:
+    loaded: LoadedTask, track: Track, seed: int, folder: Path, prog: TrialProgress
+) -> TrackEnvironment:
     """The agent's environment on the task's track, logging to ``folder``."""
-    traits = loaded.task.traits
-    budget = loaded.task.budget
-    limit = budget.sim_gpu_seconds if traits.simulated else budget.wall_seconds
-    if traits.simulated:
-        return SimTaskEnvironment(
-            loaded,
-            trial_seed=seed,
-            log_path=folder / EXPERIMENTS_FILE,
-            on_experiment=lambda r: prog.experiment(r, limit),
-        )
-    return RealTaskEnvironment(
-        loaded,
-        trial_seed=seed,
-        log_path=folder / EXPERIMENTS_FILE,
-        server_logs=folder / SERVER_LOGS,
-        on_experiment=lambda r: prog.experiment(r, limit),
-    )
+    env = TrackEnvironment(loaded, track, trial_seed=seed, log_path=folder / EXPERIMENTS_FILE)
+    limit = env.budget_limit
+    env.on_experiment = lambda r: prog.experiment(r, limit)
+    return env
 
 
 def agent_phase(
     loaded: LoadedTask,
+    track: Track,
     agent: Agent,
     agent_name: str,
     seed: int,
@@ -370,8 +330,8 @@ def agent_phase(
     folder: Path,
     prog: TrialProgress,
 ) -> AgentPhase:
-    """The agent works the task within its budget, watched."""
-    env = task_environment(loaded, seed, folder, prog)
+    """The agent works the task within its budget, watched, on ``track``."""
+    env = task_environment(loaded, track, seed, folder, prog)
     prog.start(loaded, agent_name, seed)
     watch = agent_watch(loaded, out_dir, folder)
     watch.start()
@@ -393,22 +353,22 @@ def agent_phase(
 
 def final_evaluation(
     loaded: LoadedTask,
-    env: TrialEnvironment,
+    env: TrackEnvironment,
     scoring: int,
     folder: Path,
     prog: TrialProgress,
 ) -> tuple[Evaluation | None, str | None]:
-    """The submission scored on the hidden workload (unless the harness already failed):
-    the evaluation, or the harness's error (its traceback in ``harness_error.txt``)."""
+    """The submission scored on the hidden workload, on the track the agent worked on
+    (unless the harness already failed): the evaluation, or the harness's error (its
+    traceback in ``harness_error.txt``)."""
     if env.harness_error is not None:
         return None, env.harness_error
     try:
-        track = track_for(loaded, server_logs=folder / SERVER_LOGS)
         evaluation = evaluate(
             loaded,
             env.submission,
             scoring,
-            track=track,
+            track=env.track,
             progress=lambda stage, d, n: prog.stage(stage, d, n),
             ran_in_workspace=[
                 str(e.config["digest"]) for e in env.experiments if e.ok and "digest" in e.config

@@ -3,13 +3,14 @@
 :class:`MeteredWorkspace` is the :class:`~servegym.agents.base.Workspace` an agent uses:
 commands are charged to the wall-clock budget like experiments (a command could otherwise run
 a benchmark for free), and refused once the budget is spent; reading and writing files is
-free. Its sandbox is :func:`servegym.tracks.sandbox.workspace_sandbox`'s.
+free. Its sandbox is the track's (:meth:`servegym.tracks.dev.DevSession.open_workspace`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from servegym.agents.base import BudgetExhausted
 from servegym.runner.agent_watch import ActionLog
@@ -35,6 +36,11 @@ class MeteredWorkspace:
         self.commands = 0
         self.actions = ActionLog()
         """Every action asked for, for :mod:`servegym.runner.agent_watch`."""
+
+    @property
+    def root(self) -> Path:
+        """The workspace's folder on the host."""
+        return self.sandbox.root
 
     def run(self, command: str, timeout_s: float = 120.0) -> CommandResult:
         self.actions.add("bash", command)

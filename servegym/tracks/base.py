@@ -12,15 +12,23 @@ submission's runs, stop. Adding a track is one module that implements these.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
+from servegym.engines.base import Engine, ModelRef
+from servegym.registry import Registry
+from servegym.sandbox.local import Isolation
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.integrity import Finding
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask
 from servegym.tasks.secrets import stable_seed
+
+if TYPE_CHECKING:
+    from servegym.tracks.dev import DevSession
 
 Role = Literal["baseline", "submission"]
 
@@ -121,11 +129,71 @@ class EvaluationSession(ABC):
         """Stop everything the session started."""
 
 
+@dataclass(frozen=True)
+class TrackSetup:
+    """Where and with what a track runs, as the caller says: real tracks write their
+    servers' logs under ``server_logs`` (a trial's ``servers/`` folder) and start ``engine``
+    serving ``model`` (None: the task's; tests pass stand-ins), a workspace submission in a
+    sandbox of ``isolation``. The simulator needs none of it."""
+
+    server_logs: Path | None = None
+    engine: Engine | None = None
+    model: ModelRef | None = None
+    isolation: Isolation = "auto"
+
+
 class Track(ABC):
-    """A track: chosen once per task (:func:`servegym.tracks.track_for`)."""
+    """A track: chosen once per task (:func:`servegym.tracks.track_for`), it serves both
+    phases of a trial: the agent's experiments (:meth:`dev_session`, asked by the one task
+    environment) and the final evaluation (:meth:`evaluation`, asked by the one
+    ``evaluate()``). A track class is registered under its track's name
+    (:data:`TRACKS`)."""
 
     name: str
+
+    @classmethod
+    def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
+        """The track of ``loaded`` as :func:`~servegym.tracks.track_for` makes it (a
+        pipeline task's: wrapped with the pipeline plug-in that runs on it). Default: the
+        class made without arguments."""
+        return cls()
+
+    @abstractmethod
+    def dev_session(self, loaded: LoadedTask, trial_seed: int) -> DevSession:
+        """The agent phase of ``loaded`` (see :mod:`servegym.tracks.dev`); ``trial_seed``
+        seeds what varies between trials (the simulator's measurement noise)."""
 
     @abstractmethod
     def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
         """A final evaluation of ``loaded`` on the scoring workload of ``scoring_seed``."""
+
+
+def _is_track_class(obj: object) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Track)
+
+
+TRACKS: Registry[type[Track]] = Registry(
+    "track",
+    group="servegym.tracks",
+    builtins={
+        "sim": "servegym.tracks.sim",
+        "cpu": "servegym.tracks.real",
+        "gpu": "servegym.tracks.real",
+    },
+    accepts=_is_track_class,
+)
+"""Every track class by its track's name (a task's ``track``): the built-ins, and
+``servegym.tracks`` entry points of installed plug-ins (see :mod:`servegym.registry`)."""
+
+T = TypeVar("T", bound=type[Track])
+
+
+def register_track(*names: str) -> Callable[[T], T]:
+    """Class decorator: the class is the track of tasks on each of ``names``."""
+
+    def deco(cls: T) -> T:
+        for name in names:
+            TRACKS.register(name)(cls)
+        return cls
+
+    return deco

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servegym.agents.base import CONFIG_FILE
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.config import ServingConfig
+from servegym.engines.knob_info import KnobInfo
+from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.process import read_tail
 from servegym.errors import HarnessError, UserError
 from servegym.pipeline.cpu.corpus import Question
@@ -47,6 +51,7 @@ from servegym.pipeline.cpu.deploy import (
     run_side,
 )
 from servegym.pipeline.cpu.runner import CpuPipelineRun
+from servegym.sandbox.local import LocalSandbox
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.objectives import ObjectiveMeasurement
@@ -63,8 +68,10 @@ from servegym.tracks.base import (
     Track,
     pair_seed,
 )
-from servegym.tracks.real import RealServerTrack
+from servegym.tracks.dev import DevRun, DevSession
+from servegym.tracks.real import RealDevSession, RealServerTrack, knob_infos
 from servegym.tracks.real_measure import real_price
+from servegym.tracks.workspace_config import write_workspace_config
 
 WARMUP_QUESTIONS = 2
 NOT_A_CONFIG = (
@@ -104,6 +111,9 @@ class CpuPipelineTrack(Track):
     def __init__(self, servers: RealServerTrack) -> None:
         self.servers = servers
         self.name = servers.name
+
+    def dev_session(self, loaded: LoadedTask, trial_seed: int) -> DevSession:
+        return CpuPipelineDevSession(self.servers, loaded)
 
     def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
         return CpuPipelineEvaluation(self.servers, loaded, scoring_seed)
@@ -289,58 +299,57 @@ def describe_questions(loaded: LoadedTask) -> dict[str, Any]:
     }
 
 
-@dataclass
-class PipelineExperiment:
-    """One experiment's run of the dev questions: its measurement and recall ratio to the
-    baseline's, or the error and log tail of a server that did not start or died."""
+class CpuPipelineDevSession(RealDevSession):
+    """The agent phase of a cpu-track pipeline task: the real-server track's (its wall-clock
+    budget, its workspace), tuned through configs: the workspace holds ``serving.toml``
+    rather than a launcher, since the harness deploys the servers and the retrieval stages
+    from the config. An experiment deploys the config's LLM server(s), starts a retrieval
+    worker and builds its index with the config's ``[pipeline]`` knobs, runs the dev
+    questions (the task's dev seed; ``quick``: ``workload.quick_requests`` of them) through
+    the pipeline, and stops everything; it is charged its wall seconds, start-ups and index
+    build included. Its accuracy is the run's recall@k."""
 
-    measurement: ObjectiveMeasurement | None = None
-    recall_ratio: float | None = None
-    error: str | None = None
-    tail: str | None = None
+    tuning = "config"
+    refusal_note = ""
 
+    def knobs(self) -> list[KnobInfo]:
+        return knob_infos() + pipeline_knob_infos()
 
-class PipelineExperiments:
-    """The pipeline plug-in of a cpu-track task's agent phase: an experiment deploys the
-    config's LLM server(s), starts a retrieval worker and builds its index with the config's
-    ``[pipeline]`` knobs, runs the dev questions (the task's dev seed; ``quick``:
-    ``workload.quick_requests`` of them) through the pipeline, and stops everything. The
-    environment charges it its wall seconds, start-ups and index build included."""
+    def workload_facts(self) -> dict[str, Any]:
+        return {"pipeline": describe_questions(self.loaded)}
 
-    def __init__(self, loaded: LoadedTask, engine: Engine, model: ModelRef, logs: Path) -> None:
-        self.loaded = loaded
-        self.engine = engine
-        self.model = model
-        self.logs = logs
+    def seed_workspace(self, sandbox: LocalSandbox) -> None:
+        """Write the baseline's ``serving.toml``, unless the workspace has one."""
+        if not (sandbox.root / CONFIG_FILE).exists():
+            write_workspace_config(sandbox.root, self.task.baseline, self.knobs())
 
-    def describe(self) -> dict[str, Any]:
-        return describe_questions(self.loaded)
-
-    def baseline(self, quick: bool) -> DevBaseline:
-        """The baseline's measurement and recall@k on the dev questions; raises
-        :class:`~servegym.errors.HarnessError` when it does not run."""
-        run, error, _ = asyncio.run(
-            dev_run(
-                self.loaded, self.engine, self.model, self.loaded.task.baseline, quick=quick,
-                log_dir=self.logs, name=f"dev-baseline{'-quick' * quick}",
-            )
-        )  # fmt: skip
-        if run is None:
-            raise HarnessError(f"the task's baseline pipeline does not run: {error}")
-        return DevBaseline(measure_run(self.loaded.task.objective, run), run.result.recall_at_k)
-
-    def run(
-        self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline
-    ) -> PipelineExperiment:
-        run, error, tail = asyncio.run(
+    def _dev_run(
+        self, config: ServingConfig, quick: bool, name: str
+    ) -> tuple[CpuPipelineRun | None, str | None, str | None]:
+        return asyncio.run(
             dev_run(
                 self.loaded, self.engine, self.model, config, quick=quick,
-                log_dir=self.logs, name=f"experiment-{index:03d}",
+                log_dir=self.server_logs, name=name,
             )
         )  # fmt: skip
+
+    def baseline(self, quick: bool) -> DevBaseline:
+        """The baseline's measurement and recall@k on the dev questions."""
+        run, error, _ = self._dev_run(self.task.baseline, quick, f"dev-baseline{'-quick' * quick}")
         if run is None:
-            return PipelineExperiment(error=error, tail=tail)
-        recall = run.result.recall_at_k
-        base = baseline.accuracy
-        ratio = recall / base if recall is not None and base else None
-        return PipelineExperiment(measure_run(self.loaded.task.objective, run), ratio)
+            raise HarnessError(f"the task's baseline pipeline does not run: {error}")
+        return DevBaseline(measure_run(self.task.objective, run), run.result.recall_at_k)
+
+    def run(self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline) -> DevRun:
+        started = time.monotonic()
+        run, error, tail = self._dev_run(config, quick, f"experiment-{index:03d}")
+        cost = time.monotonic() - started
+        if run is None:
+            return DevRun(cost=cost, error=error, tail=tail)
+        m = measure_run(self.task.objective, run)
+        return DevRun(
+            cost=cost,
+            measurement=m,
+            accuracy=run.result.recall_at_k,
+            pipeline=m.pipeline.summary() if m.pipeline is not None else None,
+        )

@@ -1,6 +1,16 @@
 """The real-server track (cpu; gpu where a GPU host runs it): fresh servers, hidden workload.
 
-As on the simulator (:mod:`servegym.tracks.sim`; the order of the final evaluation is
+**The agent phase** (:class:`RealDevSession`): the task is tuned through a workspace whose
+``start_server.sh`` (seeded with the baseline's) is the submission; an experiment starts a
+config's server (checked first against the engine's capability table: a refused config
+starts nothing), or the workspace's launcher in its sandbox, runs the dev workload
+(``quick``: fewer requests), and stops the server. Its accuracy is the agreement of the
+outputs with the reference model's (:func:`servegym.cpu_track.reference.agreement`), divided
+by the baseline's. The budget is wall-clock seconds: each experiment is charged its own
+seconds, start-up included, and so is every workspace command.
+
+**The final evaluation** (:class:`RealEvaluation`). As on the simulator
+(:mod:`servegym.tracks.sim`; the order of the final evaluation is
 :func:`servegym.runner.evaluation.evaluate`'s): the scoring workload is the task's
 spec at the hidden scoring seed; the harness launches the baseline and the submission
 itself from their configs alone, and measures them in alternating pairs ``B, S, B, S, ...``
@@ -35,42 +45,56 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from servegym.agents.base import LAUNCHER, Tuning
 from servegym.cpu_track.reference import REFERENCE_CONFIG, Reference, agreement, reference_outputs
 from servegym.cpu_track.rescore import ProbeReport, verify_probes
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import TINY_MODEL
+from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import ExternalServer, LauncherSubmission
 from servegym.engines.models import resolve_model
-from servegym.engines.process import ServerError, ServerProcess
-from servegym.engines.served import AttachedServer, ManagedServer, ScriptServer, run_watched
-from servegym.errors import HarnessError
+from servegym.engines.process import ServerError, ServerProcess, read_tail
+from servegym.engines.served import (
+    AttachedServer,
+    ManagedServer,
+    ScriptServer,
+    ServedRun,
+    benchmark_server,
+    run_watched,
+)
+from servegym.errors import HarnessError, UserError
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
 from servegym.sandbox.egress import EgressWatch, descendants
-from servegym.sandbox.local import Isolation
+from servegym.sandbox.local import Isolation, LocalSandbox
 from servegym.sandbox.pinned_env import Unpinned, unpinned
 from servegym.scoring.integrity import Finding, stream_findings
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.tasks.secrets import stable_seed
 from servegym.tracks.base import (
+    DevBaseline,
     EvaluationSession,
     Role,
     SampleInfo,
     SideCrashed,
     StartedSide,
     Track,
+    TrackSetup,
     pair_seed,
+    register_track,
 )
-from servegym.tracks.real_measure import measure_run, real_price
-from servegym.tracks.sandbox import fresh_workspace, workspace_sandbox
+from servegym.tracks.dev import DevRun, DevSession, DevWorkloads, DevWorkspace, WallSecondsBudget
+from servegym.tracks.real_measure import measure_run, real_objective_problem, real_price
+from servegym.tracks.sandbox import fresh_workspace, seed_workspace, workspace_sandbox
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 
@@ -86,6 +110,7 @@ def outputs_reference(
     return asyncio.run(reference_outputs(workload, log_dir))
 
 
+@register_track("cpu", "gpu")
 class RealServerTrack(Track):
     """Real servers of the task's engine and model (see the module docstring). ``engine``
     and ``model`` default to the task's (tests pass stand-ins); ``server_logs`` is the
@@ -106,6 +131,24 @@ class RealServerTrack(Track):
         self.model: ModelRef = model if model is not None else resolve_model(loaded.task.model)
         self.server_logs = server_logs
         self.isolation: Isolation = isolation
+
+    @classmethod
+    def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
+        if setup.server_logs is None:
+            raise ValueError(f"task {loaded.id}: a {loaded.task.track}-track needs server_logs")
+        servers = cls(
+            loaded, server_logs=setup.server_logs, engine=setup.engine, model=setup.model,
+            isolation=setup.isolation,
+        )  # fmt: skip
+        if loaded.task.pipeline is None:
+            return servers
+        # the pipeline plug-in wraps this track (its module imports this one)
+        from servegym.tracks.cpu_pipeline import CpuPipelineTrack
+
+        return CpuPipelineTrack(servers)
+
+    def dev_session(self, loaded: LoadedTask, trial_seed: int) -> DevSession:
+        return RealDevSession(self, loaded)
 
     def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
         return RealEvaluation(self, loaded, scoring_seed)
@@ -373,3 +416,136 @@ async def _start(server: ManagedServer) -> tuple[ServerProcess | None, str | Non
 def _leader(server: ManagedServer) -> int | None:
     proc = server.process.proc if server.process is not None else None
     return proc.pid if proc is not None else None
+
+
+# --------------------------------------------------------------------------- agent phase
+
+
+def knob_infos() -> list[KnobInfo]:
+    """Every ServingConfig knob, its engine default left to the engine."""
+    out = []
+    for name, field_ in ServingConfig.model_fields.items():
+        if name in ("extra_args", "env"):
+            help_ = "engine-native " + ("flags" if name == "extra_args" else "environment")
+        else:
+            help_ = field_.description or name.replace("_", " ")
+        out.append(KnobInfo(name=name, default="engine default", help=help_))
+    return out
+
+
+class RealDevSession(DevSession):
+    """The agent phase on real servers (see the module docstring). The agent's workspace is
+    ``workspace/`` beside the trial's server logs; a workspace submission is snapshotted
+    into ``submission/`` beside it."""
+
+    tuning: Tuning = "workspace"
+
+    def __init__(self, track: RealServerTrack, loaded: LoadedTask) -> None:
+        task = loaded.task
+        problem = real_objective_problem(task.objective)
+        if problem is not None:
+            raise UserError(f"task {task.id}: {problem}")
+        self.loaded = loaded
+        self.task = task
+        self.engine = track.engine
+        self.model = track.model
+        self.server_logs = track.server_logs
+        self.isolation: Isolation = track.isolation
+        self.workloads = DevWorkloads(loaded)
+        self.budget = WallSecondsBudget(task.budget)
+        self.price_per_gpu_hour = task.price_per_hour or 0.0
+        self._references: dict[bool, Reference | None] = {}
+        self._workspace: DevWorkspace | None = None
+
+    def knobs(self) -> list[KnobInfo]:
+        return knob_infos()
+
+    def open_workspace(self) -> DevWorkspace:
+        if self._workspace is None:
+            folder = self.server_logs.parent
+            sandbox = workspace_sandbox(
+                self.task, self.engine, self.model, folder / "workspace", isolation=self.isolation
+            )
+            self.seed_workspace(sandbox)
+            self._workspace = DevWorkspace(sandbox, folder / "submission")
+        return self._workspace
+
+    def seed_workspace(self, sandbox: LocalSandbox) -> None:
+        """Write the baseline's ``start_server.sh``, unless the workspace has one."""
+        if not (sandbox.root / LAUNCHER).exists():
+            seed_workspace(sandbox, self.engine, self.task.baseline)
+
+    def _reference(self, quick: bool) -> Reference | None:
+        if quick not in self._references:
+            self._references[quick] = outputs_reference(
+                self.engine, self.model, self.workloads.workload(quick), self.server_logs
+            )
+        return self._references[quick]
+
+    def _server(self, config: ServingConfig, name: str) -> ManagedServer:
+        return ManagedServer(
+            self.engine, config, self.model, self.server_logs / f"{name}.log",
+            start_timeout_s=self.task.evaluation.start_timeout_s,
+        )  # fmt: skip
+
+    def _benchmark(self, managed: ManagedServer, quick: bool) -> ServedRun:
+        options = RunOptions(
+            model=self.model.served_name,
+            keep_outputs=True,
+            request_timeout_s=self.task.evaluation.request_timeout_s,
+        )
+        return asyncio.run(benchmark_server(managed, [self.workloads.workload(quick)], options))
+
+    def _accuracy(self, served: ServedRun, quick: bool) -> float | None:
+        ref = self._reference(quick)
+        if ref is None or not served.results:
+            return None
+        return agreement(served.results[0], ref)
+
+    def baseline(self, quick: bool) -> DevBaseline:
+        """The baseline's objective and agreement with the reference outputs."""
+        served = self._benchmark(
+            self._server(self.task.baseline, f"dev-baseline{'-quick' * quick}"), quick
+        )
+        if not served.ok or not served.results:
+            raise HarnessError(
+                f"the task's baseline config does not run: {served.outcome}: {served.message}"
+            )
+        m = measure_run(self.task, served.results[0])
+        try:
+            accuracy = self._accuracy(served, quick)
+        except UserError as e:
+            raise HarnessError(f"reference outputs for the dev workload: {e.message}") from None
+        return DevBaseline(m, accuracy)
+
+    def run(self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline) -> DevRun:
+        started = time.monotonic()
+        return self._measured(self._server(config, f"experiment-{index:03d}"), quick, started)
+
+    def run_launcher(
+        self, workspace: DevWorkspace, quick: bool, index: int, baseline: DevBaseline
+    ) -> DevRun:
+        started = time.monotonic()
+        managed = ScriptServer(
+            workspace.sandbox, LAUNCHER, self.model,
+            self.server_logs / f"experiment-{index:03d}.log",
+            start_timeout_s=self.task.evaluation.start_timeout_s,
+        )  # fmt: skip
+        run = self._measured(managed, quick, started)
+        if run.measurement is not None and run.tail is None:
+            # the agent's own server: it gets its log's tail even when all went well
+            run.tail = read_tail(managed.log_path, 40)
+        return run
+
+    def _measured(self, managed: ManagedServer, quick: bool, started: float) -> DevRun:
+        """Benchmark ``managed`` on the dev workload; the run's cost is the wall seconds
+        since ``started``."""
+        served = self._benchmark(managed, quick)
+        if not served.ok or not served.results:
+            tail = served.exit.log_tail if served.exit is not None else served.message
+            return DevRun(cost=time.monotonic() - started, error=served.message, tail=tail)
+        m = measure_run(self.task, served.results[0])
+        accuracy = self._accuracy(served, quick)
+        return DevRun(
+            cost=time.monotonic() - started, measurement=m, accuracy=accuracy, metrics=m.metrics
+        )

@@ -1,9 +1,24 @@
-"""The sim track: a config starts as a simulated engine (or, on a pipeline task, a simulated
-pipeline deployment: :func:`servegym.pipeline.engine.launch_task`) and is measured in
-virtual time.
+"""The sim track: a config starts as a simulated engine and is measured in virtual time;
+on a pipeline task (:class:`SimPipelineTrack`, chosen by :func:`servegym.tracks.track_for`)
+it starts as a simulated pipeline deployment
+(:func:`servegym.pipeline.engine.launch_pipeline`).
 
-In the final evaluation every pair runs the same scoring workload (the task's spec at the
-hidden scoring seed), each run with its own noise seed
+**The agent phase** (:class:`SimDevSession`): an experiment launches the config and measures
+the task's objective on the dev workload (``quick``: fewer requests), with measurement
+noise seeded from ``(task, dev seed, trial seed, experiment index)``, so repeating an
+experiment gives a slightly different number, as on a real GPU. The budget (simulated
+GPU-seconds) is charged per experiment: ``(startup_s + virtual seconds of every simulation
+it ran) x GPUs``, the simulation time including warm-up and, for a rate search, every probe.
+A rate search stops between probes once the experiment has spent what was left of the
+budget, and reports the best rate it had bracketed (``log_tail`` says so): probes at low
+rates are long, and one bad config must not overspend the budget many times over. A single
+run is never cut short, so one experiment can still cross the limit by up to its own
+length. A config that fails to launch costs :data:`LAUNCH_FAILURE_SIM_SECONDS` x its GPUs (a
+real engine fails part-way through its start-up); one the engine refuses before start-up
+costs :data:`INVALID_CONFIG_SIM_SECONDS`.
+
+**The final evaluation** (:class:`SimEvaluation`): every pair runs the same scoring
+workload (the task's spec at the hidden scoring seed), each run with its own noise seed
 (``stable_seed("score-<role>", task, scoring seed, i)``), so the pairs vary as repeated runs
 on a real GPU do; rate searches start, for both sides, at the rate the first baseline run
 found. A side's accuracy is the launch's modelled accuracy; a side costs the task's price
@@ -16,23 +31,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from servegym.engines.config import ServingConfig
-from servegym.engines.sim.launch import LaunchError
+from servegym.engines.knob_info import KnobInfo
+from servegym.engines.pipeline_knobs import pipeline_knob_infos
+from servegym.engines.sim.defaults import KNOBS, knob_defaults
+from servegym.engines.sim.launch import LaunchError, launch
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from servegym.errors import HarnessError
-from servegym.pipeline.engine import launch_task
+from servegym.pipeline.engine import launch_pipeline
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.tasks.secrets import stable_seed
-from servegym.tasks.spec import Task
+from servegym.tasks.spec import RATE_KINDS, Task
 from servegym.tracks.base import (
+    DevBaseline,
     EvaluationSession,
     Role,
     SampleInfo,
     StartedSide,
     Track,
+    TrackSetup,
+    register_track,
+)
+from servegym.tracks.dev import (
+    DevRun,
+    DevSession,
+    DevWorkloads,
+    GpuSecondsBudget,
+    changed_knobs,
 )
 from servegym.tracks.sim_measure import SimEngine, measure_objective, task_price
 from servegym.workloads.generate import materialise
+
+LAUNCH_FAILURE_SIM_SECONDS = 30.0
+"""Simulated seconds per GPU charged for a config that fails to launch."""
+INVALID_CONFIG_SIM_SECONDS = 1.0
+"""Simulated GPU-seconds charged for a config the engine rejects before start-up (bad
+arguments): little, but not nothing, so an agent cannot loop on invalid configs for free."""
+TRUNCATED_NOTE = (
+    "note: the budget ran out during the arrival-rate search; it stopped early and reports "
+    "the highest passing rate it had bracketed (0 if none)"
+)
 
 
 def first_rate(m: ObjectiveMeasurement) -> float | None:
@@ -45,6 +83,23 @@ def first_rate(m: ObjectiveMeasurement) -> float | None:
         if r is not None:
             return r
     return None
+
+
+def engine_knobs(
+    model: ModelProfile, hardware: HardwareProfile, *, pipeline_table: bool
+) -> list[KnobInfo]:
+    """The simulated engine's knobs with their defaults on ``model`` and ``hardware``; the
+    ``pipeline`` table among them only on a pipeline task."""
+    defaults = knob_defaults(model, hardware)
+    return [
+        KnobInfo(
+            name=k.name,
+            default=str(defaults.get(k.name, k.default)),
+            help=f"{k.help} (default: {k.default})",
+        )
+        for k in KNOBS
+        if k.name != "pipeline" or pipeline_table
+    ]
 
 
 @dataclass
@@ -63,23 +118,79 @@ def started(task: Task, engine: SimEngine) -> SimSide:
     )
 
 
+@register_track("sim")
 class SimTrack(Track):
-    """The simulator (see the module docstring)."""
+    """The simulator (see the module docstring): a config starts as one simulated engine."""
 
     name = "sim"
 
+    @classmethod
+    def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
+        return SimPipelineTrack() if loaded.task.pipeline is not None else SimTrack()
+
+    def launch(
+        self, task: Task, model: ModelProfile, hardware: HardwareProfile, config: ServingConfig,
+        *, workload_family: str,
+    ) -> SimEngine:  # fmt: skip
+        """Start ``config`` for ``task``, or raise :class:`LaunchError`."""
+        return launch(
+            model, hardware, config, workload_family=workload_family, available_gpus=task.max_gpus
+        )
+
+    def knobs(self, task: Task, model: ModelProfile, hardware: HardwareProfile) -> list[KnobInfo]:
+        """The knobs an agent may set, with their defaults on ``model`` and ``hardware``."""
+        return engine_knobs(model, hardware, pipeline_table=False)
+
+    def workload_facts(self, task: Task) -> dict[str, Any]:
+        """What an agent is told of the workload beyond its shape: a rate search's range."""
+        objective = task.objective
+        if objective.kind in RATE_KINDS or any(c.kind in RATE_KINDS for c in objective.components):
+            return {
+                "rate_search": {
+                    "arrival": "poisson",
+                    "rate_min": objective.rate_min,
+                    "rate_max": objective.rate_max,
+                    "attainment_target": objective.attainment_target,
+                    "rate_tolerance": objective.rate_tolerance,
+                }
+            }
+        return {}
+
+    def dev_session(self, loaded: LoadedTask, trial_seed: int) -> DevSession:
+        return SimDevSession(self, loaded, trial_seed)
+
     def evaluation(self, loaded: LoadedTask, scoring_seed: int) -> EvaluationSession:
-        return SimEvaluation(loaded, scoring_seed)
+        return SimEvaluation(self, loaded, scoring_seed)
 
     @staticmethod
     def profiles(task: Task) -> tuple[ModelProfile, HardwareProfile]:
         return get_model(task.model, "model"), get_hardware(task.hardware, "hardware")
 
 
+class SimPipelineTrack(SimTrack):
+    """A pipeline task on the simulator: a config starts as a pipeline deployment (its LLM
+    server(s), embedder, reranker and index: :mod:`servegym.pipeline.engine`), tuned through
+    its ``[pipeline]`` knobs besides the server's."""
+
+    def launch(
+        self, task: Task, model: ModelProfile, hardware: HardwareProfile, config: ServingConfig,
+        *, workload_family: str,
+    ) -> SimEngine:  # fmt: skip
+        return launch_pipeline(task, model, hardware, config, workload_family=workload_family)
+
+    def knobs(self, task: Task, model: ModelProfile, hardware: HardwareProfile) -> list[KnobInfo]:
+        return engine_knobs(model, hardware, pipeline_table=True) + pipeline_knob_infos()
+
+    def workload_facts(self, task: Task) -> dict[str, Any]:
+        assert task.pipeline is not None
+        return {"pipeline": task.pipeline.model_dump(mode="json"), **super().workload_facts(task)}
+
+
 class SimEvaluation(EvaluationSession):
     """One final evaluation in virtual time (see the module docstring)."""
 
-    def __init__(self, loaded: LoadedTask, scoring_seed: int) -> None:
+    def __init__(self, track: SimTrack, loaded: LoadedTask, scoring_seed: int) -> None:
+        self.track = track
         self.task = task = loaded.task
         self.scoring_seed = scoring_seed
         self.model, self.hardware = SimTrack.profiles(task)
@@ -92,7 +203,7 @@ class SimEvaluation(EvaluationSession):
         self.hint: float | None = None
 
     def _launch(self, config: ServingConfig) -> SimEngine:
-        return launch_task(
+        return self.track.launch(
             self.task, self.model, self.hardware, config, workload_family=self.spec.kind
         )
 
@@ -134,3 +245,109 @@ class SimEvaluation(EvaluationSession):
 
     async def close(self) -> None:
         """Nothing runs between calls in virtual time."""
+
+
+# --------------------------------------------------------------------------- agent phase
+
+
+def launch_log(loaded: LoadedTask, config: ServingConfig, message: str) -> str:
+    """The tail of a (simulated) engine log that ends in a failed start-up."""
+    task = loaded.task
+    lines = [
+        f"INFO [sim] Starting the simulated vLLM engine: model={task.model} "
+        f"hardware={task.hardware}",
+        f"INFO [sim] Engine arguments set: {changed_knobs(config) or '{} (all defaults)'}",
+        "ERROR [sim] Engine core initialization failed. See the root cause above.",
+        *message.splitlines(),
+    ]
+    return "\n".join(lines)
+
+
+class SimDevSession(DevSession):
+    """The agent phase in virtual time (see the module docstring)."""
+
+    refusal_cost = INVALID_CONFIG_SIM_SECONDS
+
+    def __init__(self, track: SimTrack, loaded: LoadedTask, trial_seed: int) -> None:
+        self.track = track
+        self.loaded = loaded
+        self.task = task = loaded.task
+        self.trial_seed = trial_seed
+        self.model, self.hardware = SimTrack.profiles(task)
+        self.workloads = DevWorkloads(loaded)
+        self.dev_seed = self.workloads.dev_seed
+        self.budget = GpuSecondsBudget(task.budget)
+        self.price_per_gpu_hour = (
+            task.price_per_hour if task.price_per_hour is not None else self.hardware.price_per_hour
+        )
+
+    def _launch(self, config: ServingConfig) -> SimEngine:
+        spec, _ = self.workloads.spec(False)
+        return self.track.launch(
+            self.task, self.model, self.hardware, config, workload_family=spec.kind
+        )
+
+    def knobs(self) -> list[KnobInfo]:
+        return self.track.knobs(self.task, self.model, self.hardware)
+
+    def workload_facts(self) -> dict[str, Any]:
+        return self.track.workload_facts(self.task)
+
+    def baseline(self, quick: bool) -> DevBaseline:
+        """The baseline's objective and modelled accuracy on the dev workload."""
+        try:
+            engine = self._launch(self.task.baseline)
+        except LaunchError as e:
+            raise HarnessError(f"the task's baseline config does not launch: {e.message}") from None
+        spec, base_dir = self.workloads.spec(quick)
+        try:
+            m = measure_objective(
+                self.task,
+                engine,
+                spec,
+                self.dev_seed,
+                stable_seed("dev-baseline", self.task.id, self.dev_seed, quick),
+                base_dir=base_dir,
+                workload=self.workloads.workload(quick),
+            )
+        except Exception as e:
+            raise HarnessError(f"baseline dev measurement: {type(e).__name__}: {e}") from e
+        return DevBaseline(m, engine.accuracy_ratio)
+
+    def run(self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline) -> DevRun:
+        try:
+            engine = self._launch(config)
+        except LaunchError as e:
+            gpus = min(config.tensor_parallel_size or 1, self.task.max_gpus)
+            return DevRun(
+                cost=LAUNCH_FAILURE_SIM_SECONDS * gpus,
+                error=e.message,
+                tail=launch_log(self.loaded, config, e.message),
+            )
+        spec, base_dir = self.workloads.spec(quick)
+        left = self.budget.left()
+        cap = None if left is None else max(left / engine.num_gpus - engine.startup_s, 0.0)
+        try:
+            m = measure_objective(
+                self.task,
+                engine,
+                spec,
+                self.dev_seed,
+                stable_seed(
+                    "dev-experiment", self.task.id, self.dev_seed, self.trial_seed, index, quick
+                ),
+                base_dir=base_dir,
+                workload=self.workloads.workload(quick),
+                rate_hint=first_rate(baseline.measurement),
+                sim_seconds_cap=cap,
+            )
+        except Exception as e:  # the harness's own failure, not the agent's
+            raise HarnessError(f"experiment {index}: {type(e).__name__}: {e}") from e
+        return DevRun(
+            cost=(engine.startup_s + m.sim_seconds) * engine.num_gpus,
+            measurement=m,
+            accuracy=engine.accuracy_ratio,
+            metrics=m.metrics,
+            pipeline=m.pipeline.summary() if m.pipeline is not None else None,
+            tail=TRUNCATED_NOTE if m.search_truncated else None,
+        )

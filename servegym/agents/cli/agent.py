@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from servegym.agents.base import (
     AgentBase,
@@ -62,7 +62,6 @@ from servegym.agents.cli.adapters import (
 from servegym.agents.cli.keys import read_api_key
 from servegym.errors import UserError
 from servegym.providers.vendors import normalise_upstream
-from servegym.tasks.spec import TRACK_TRAITS
 
 if TYPE_CHECKING:  # aiohttp and the Docker SDK load when a trial runs, not on registration
     from servegym.agents.cli.control import ControlServer
@@ -250,32 +249,15 @@ class DockerSessions:
         return self._logs
 
 
-def workspace_host_dir(env: object) -> Path:
-    """The workspace's folder on the host (to mount in the CLI's container): the first of
-    ``env.workspace.root``, ``env.workspace.sandbox.root``, ``env.sandbox.root`` and
-    ``env.workspace_dir`` that is set."""
-    workspace = getattr(env, "workspace", None)
-    candidates = (
-        getattr(workspace, "root", None),
-        getattr(getattr(workspace, "sandbox", None), "root", None),
-        getattr(getattr(env, "sandbox", None), "root", None),
-        getattr(env, "workspace_dir", None),
-    )
-    for value in candidates:
-        if isinstance(value, str | Path) and str(value):
-            return Path(value).absolute()
-    raise UserError(
-        "CLI agents mount the task's workspace in their container, but this environment's "
-        "workspace has no folder on the host (no workspace.root)"
-    )
-
-
-def _is_workspace_env(env: object) -> bool:
-    return (
-        hasattr(env, "workspace")
-        and callable(getattr(env, "run_benchmark", None))
-        and callable(getattr(env, "submit_workspace", None))
-    )
+def workspace_host_dir(env: WorkspaceEnvironment) -> Path:
+    """The workspace's folder on the host (to mount in the CLI's container)."""
+    root = env.workspace.root
+    if not str(root):
+        raise UserError(
+            "CLI agents mount the task's workspace in their container, but this environment's "
+            "workspace has no folder on the host"
+        )
+    return Path(root).absolute()
 
 
 class CliAgent(AgentBase):
@@ -335,13 +317,13 @@ class CliAgent(AgentBase):
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
-        if TRACK_TRAITS[desc.track].simulated or not _is_workspace_env(env):
+        ws_env = env.workspace_environment()
+        if ws_env is None:
             self.outcome = "wrong_track"
             raise UserError(
                 f"--agent {self.name}: CLI agents need a real track's workspace (a cpu or gpu "
                 f"task); task {desc.task_id} is on the {desc.track} track"
             )
-        ws_env = cast(WorkspaceEnvironment, env)
         workspace_dir = workspace_host_dir(ws_env)
         sessions = self._sessions if self._sessions is not None else DockerSessions()
         problem = sessions.available()

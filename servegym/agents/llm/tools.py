@@ -301,6 +301,7 @@ def call_tool(
     """A call to the tools of a task tuned as ``tuning`` (see :func:`tools_for`)."""
     if tuning == "config":
         return run_tool(env, baseline, call)
-    if not hasattr(env, "run_benchmark"):
+    workspace = env.workspace_environment()
+    if workspace is None:
         return ToolOutcome("error: this task has no workspace", is_error=True)
-    return run_real_tool(env, call)  # type: ignore[arg-type]
+    return run_real_tool(workspace, call)
