@@ -1,5 +1,5 @@
 """One registry pattern for everything ServeGym finds by name: agents, engines, sandboxes,
-executors (and tracks).
+executors and tracks.
 
 A :class:`Registry` maps a name to a factory (usually a class) and finds it in one of four
 ways, in this order:
@@ -28,13 +28,12 @@ Whatever is found is checked to be of the registry's kind (``accepts``); a spec 
 plug-in that is not, or cannot be imported, is a :class:`~servegym.errors.UserError` of one
 line naming the flag. An unknown name is one too, listing the known names.
 
-Making a registry (the tracks' one, say)::
+Making a registry (the tracks' one, :data:`servegym.tracks.base.TRACKS`)::
 
     TRACKS: Registry[type[Track]] = Registry(
         "track",
         group="servegym.tracks",
-        builtins={"sim": "servegym.tracks.sim", "cpu": "servegym.tracks.cpu"},
-        flag="--track",
+        builtins={"sim": "servegym.tracks.sim", "cpu": "servegym.tracks.real", ...},
         accepts=lambda obj: isinstance(obj, type) and issubclass(obj, Track),
     )
     register_track = TRACKS.register   # @register_track("sim") on the class

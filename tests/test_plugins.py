@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,12 @@ from servegym.engines.base import ENGINES, Engine, engine_names, get_engine
 from servegym.errors import UserError
 from servegym.registry import Registry, is_spec
 from servegym.runner.executors import EXECUTORS, make_executor
+from servegym.runner.trial import run_trial
 from servegym.sandbox.registry import SANDBOXES, get_sandbox, sandbox_names
+from servegym.tasks.loader import load_task, load_task_folder
+from servegym.tasks.spec import TRACK_TRAITS, track_names
+from servegym.tracks import TRACKS, TrackSetup, track_for
+from servegym.tracks.sim import SimTrack
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,14 +71,32 @@ class MySandbox:
         return None
 '''
 
+TRACK_SOURCE = '''
+from servegym.tasks.spec import TrackTraits
+from servegym.tracks.sim import SimTrack
+
+
+class QuietSimTrack(SimTrack):
+    """An outside track: the simulator, telling agents nothing of a rate search."""
+
+    name = "quiet-sim"
+    traits = TrackTraits(
+        engines=("sim",), simulated=True, pipelines=False, readiness="none", occupies="nothing"
+    )
+
+    def workload_facts(self, task):
+        return {}
+'''
+
 
 def _package(root: Path, name: str) -> Path:
-    """A package ``name`` under ``root`` holding ``agent.py`` and ``engine.py``."""
+    """A package ``name`` under ``root`` holding ``agent.py``, ``engine.py``, ``track.py``."""
     pkg = root / name
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "agent.py").write_text(textwrap.dedent(AGENT_SOURCE))
     (pkg / "engine.py").write_text(textwrap.dedent(ENGINE_SOURCE))
+    (pkg / "track.py").write_text(textwrap.dedent(TRACK_SOURCE))
     return pkg
 
 
@@ -98,8 +122,11 @@ def plugin_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     yield site
     for name in [m for m in sys.modules if m.split(".")[0] == "tests_plugin_pkg"]:
         del sys.modules[name]
-    for registry, name in ((AGENTS, "myplugin"), (ENGINES, "my-engine"), (SANDBOXES, "mybox")):
+    plugged = ((AGENTS, "myplugin"), (ENGINES, "my-engine"), (SANDBOXES, "mybox"),
+               (TRACKS, "quiet-sim"))  # fmt: skip
+    for registry, name in plugged:
         registry.unregister(name)
+    TRACK_TRAITS.pop("quiet-sim", None)
 
 
 def _servegym(*args: str, pythonpath: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -206,6 +233,10 @@ ENTRY_POINTS = """
 
     [servegym.sandboxes]
     mybox = tests_plugin_pkg.engine:MySandbox
+
+    [servegym.tracks]
+    quiet-sim = tests_plugin_pkg.track:QuietSimTrack
+    notatrack = tests_plugin_pkg.engine:MySandbox
 """
 
 
@@ -229,6 +260,26 @@ def test_installed_plugins_are_found(plugin_path: Path) -> None:
     assert get_engine("vllm").name == "vllm"  # the subclass did not rename its parent
     assert "mybox" in sandbox_names() and get_sandbox("mybox")().available() is None
 
+    assert {"quiet-sim", "sim", "cpu", "gpu"} <= set(TRACKS.names())
+    track = TRACKS.get("quiet-sim").for_task(load_task("max-rate-sla-prefill"), TrackSetup())
+    assert isinstance(track, SimTrack) and type(track).__name__ == "QuietSimTrack"
+    with pytest.raises(UserError, match=r"plug-in 'notatrack' .* is not a track class"):
+        TRACKS.get("notatrack")
+
+
+def test_an_installed_track_runs_the_tasks_that_name_it(plugin_path: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "quiet" / "tiny-throughput"
+    shutil.copytree(ROOT / "tests" / "data" / "tasks" / "tiny-throughput", folder)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace('track = "sim"', 'track = "quiet-sim"'))
+    with pytest.raises(UserError, match=r"unknown track 'quiet-sim' \(known: cpu, gpu, sim\)"):
+        load_task_folder(folder)  # not installed yet
+    _dist_info(plugin_path, ENTRY_POINTS)
+    assert "quiet-sim" in track_names()
+    result = run_trial(folder, "default", 0, tmp_path / "runs")
+    assert result.track == "quiet-sim" and result.outcome == "scored"
+    assert type(track_for(load_task_folder(folder))).__name__ == "QuietSimTrack"
+
 
 def test_an_installed_agent_runs_on_the_command_line(tmp_path: Path) -> None:
     site = tmp_path / "site"
@@ -250,7 +301,7 @@ def test_a_plugin_never_shadows_a_builtin(plugin_path: Path) -> None:
 # --- the registries' contract ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("registry", [AGENTS, ENGINES, SANDBOXES, EXECUTORS], ids=str)
+@pytest.mark.parametrize("registry", [AGENTS, ENGINES, SANDBOXES, EXECUTORS, TRACKS], ids=str)
 def test_builtin_maps_match_what_their_modules_register(registry: Registry[object]) -> None:
     registry.load_builtins()
     shipped = {

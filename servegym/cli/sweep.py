@@ -187,8 +187,10 @@ def sweep(
 ) -> None:
     """Run every trial of tasks x agents x seeds into one folder; re-running the same
     command resumes (finished trials are skipped, partial ones restarted)."""
-    if track not in (None, "sim", "cpu", "gpu"):
-        raise UserError(f"--track must be sim, cpu or gpu, not '{track}'")
+    from servegym.tasks.spec import track_names
+
+    if track is not None and track not in track_names():
+        raise UserError(f"--track must be one of {', '.join(track_names())}, not '{track}'")
     if executor != "ray" and address is not None:
         raise UserError("--address is for --executor ray")
     options = given(
@@ -206,7 +208,7 @@ def sweep(
         executor=executor,
         max_concurrent=max_concurrent,
         address=address,
-        track=track,  # type: ignore[arg-type]
+        track=track,
         agent_options=options,
     )
     if code:

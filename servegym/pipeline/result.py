@@ -105,7 +105,7 @@ class PipelineResult(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     schema_id: Literal["servegym.pipeline/1"] = Field(default=SCHEMA, alias="schema")
-    track: Literal["sim", "cpu", "gpu"]
+    track: str
     task: str | None = None
     tasks: list[TaskRecord] = Field(default_factory=list)
     stage_totals_s: dict[str, float] = Field(
@@ -124,7 +124,7 @@ class PipelineResult(BaseModel):
     def from_tasks(
         cls,
         *,
-        track: Literal["sim", "cpu", "gpu"],
+        track: str,
         tasks: Sequence[TaskRecord],
         wall_s: float,
         index_build_docs_per_s: float,

@@ -22,7 +22,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -35,7 +35,7 @@ from servegym.tasks.loader import list_tasks, load_task
 LOCK_FILE = "sweep.lock"
 SWEEP_SCHEMA = "servegym.sweep/1"
 
-Track = Literal["sim", "cpu", "gpu"]
+Track = str
 
 
 class TrialSpec(BaseModel):

@@ -8,6 +8,7 @@ shown to agents). The scoring seed is not in the task: the harness derives it fr
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,7 +25,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-Track = Literal["sim", "cpu", "gpu"]
+Track = str
+"""A track's name: a built-in's (``sim``, ``cpu``, ``gpu``, each with its row in
+:data:`TRACK_TRAITS`) or an installed plug-in track's (see :func:`track_traits`)."""
 Engine = Literal["sim", "vllm", "vllm-cpu", "sglang"]
 Statistic = Literal["mean", "p50", "p90", "p95", "p99"]
 
@@ -246,6 +249,35 @@ TRACK_TRAITS: dict[str, TrackTraits] = {
     ),
 }
 TRACK_ENGINES: dict[str, tuple[str, ...]] = {k: t.engines for k, t in TRACK_TRAITS.items()}
+TRACKS_GROUP = "servegym.tracks"
+"""The entry-point group of plug-in tracks (:data:`servegym.tracks.base.TRACKS` reads it too)."""
+
+
+def track_traits(name: str) -> TrackTraits | None:
+    """The traits of the track called ``name``, or None for no such track. A built-in's
+    are its row of :data:`TRACK_TRAITS`; a plug-in track's class declares its own
+    (``traits``): read here through its ``servegym.tracks`` entry point on first need (so a
+    task names it without ServeGym being edited), or recorded when the class is registered
+    in-process (:func:`servegym.tracks.base.register_track`)."""
+    if name not in TRACK_TRAITS:
+        for ep in importlib.metadata.entry_points(group=TRACKS_GROUP, name=name):
+            try:
+                traits = getattr(ep.load(), "traits", None)
+            except Exception as e:
+                raise ValueError(f"plug-in track '{name}' cannot be loaded: {e}") from None
+            if isinstance(traits, TrackTraits):
+                TRACK_TRAITS[name] = traits
+            break
+    return TRACK_TRAITS.get(name)
+
+
+def track_names() -> list[str]:
+    """Every track a task may name: the built-ins and installed plug-ins."""
+    found = set(TRACK_TRAITS)
+    found.update(ep.name for ep in importlib.metadata.entry_points(group=TRACKS_GROUP))
+    return sorted(found)
+
+
 RATE_KINDS = ("max_rate_at_sla", "cost_at_sla")
 
 
@@ -281,6 +313,13 @@ class Task(_Strict):
         default=False,
         description="real tracks: whether the agent's commands may reach the network",
     )
+
+    @field_validator("track")
+    @classmethod
+    def _known_track(cls, value: str) -> str:
+        if track_traits(value) is None:
+            raise ValueError(f"unknown track '{value}' (known: {', '.join(track_names())})")
+        return value
 
     @property
     def traits(self) -> TrackTraits:

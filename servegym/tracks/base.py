@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 from servegym.engines.base import Engine, ModelRef
 from servegym.registry import Registry
@@ -26,6 +26,7 @@ from servegym.scoring.integrity import Finding
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask
 from servegym.tasks.secrets import stable_seed
+from servegym.tasks.spec import TRACK_TRAITS, TRACKS_GROUP, TrackTraits
 
 if TYPE_CHECKING:
     from servegym.tracks.dev import DevSession
@@ -150,6 +151,9 @@ class Track(ABC):
     (:data:`TRACKS`)."""
 
     name: str
+    traits: ClassVar[TrackTraits | None] = None
+    """What the track allows and how it counts, declared by a plug-in track (a built-in's
+    are its row of :data:`servegym.tasks.spec.TRACK_TRAITS`, read without importing it)."""
 
     @classmethod
     def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
@@ -174,7 +178,7 @@ def _is_track_class(obj: object) -> bool:
 
 TRACKS: Registry[type[Track]] = Registry(
     "track",
-    group="servegym.tracks",
+    group=TRACKS_GROUP,
     builtins={
         "sim": "servegym.tracks.sim",
         "cpu": "servegym.tracks.real",
@@ -189,11 +193,14 @@ T = TypeVar("T", bound=type[Track])
 
 
 def register_track(*names: str) -> Callable[[T], T]:
-    """Class decorator: the class is the track of tasks on each of ``names``."""
+    """Class decorator: the class is the track of tasks on each of ``names`` (its
+    ``traits``, where it declares them, are what those tasks are validated against)."""
 
     def deco(cls: T) -> T:
         for name in names:
             TRACKS.register(name)(cls)
+            if cls.traits is not None:
+                TRACK_TRAITS.setdefault(name, cls.traits)
         return cls
 
     return deco

@@ -126,7 +126,7 @@ class SimTrack(Track):
 
     @classmethod
     def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
-        return SimPipelineTrack() if loaded.task.pipeline is not None else SimTrack()
+        return SimPipelineTrack() if loaded.task.pipeline is not None else cls()
 
     def launch(
         self, task: Task, model: ModelProfile, hardware: HardwareProfile, config: ServingConfig,

@@ -1,7 +1,7 @@
 """A cpu-track pipeline task's side, deployed: its LLM server(s), its retrieval index, a run.
 
 What the final evaluation (:mod:`servegym.tracks.cpu_pipeline`) and the agent's
-experiments (:class:`servegym.tracks.cpu_pipeline.PipelineExperiments`) share:
+experiments (:class:`servegym.tracks.cpu_pipeline.CpuPipelineDevSession`) share:
 
 - :class:`CpuPipelineTask`: the task's corpus (every ``modules_every``-th module of
   :data:`~servegym.pipeline.cpu.corpus.MODULES`) and its question sets (``workload.requests``
