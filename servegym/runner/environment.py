@@ -270,7 +270,7 @@ class TrackEnvironment:
             raise WorkspaceError(f"the workspace has no {LAUNCHER}")
         assert self._space is not None
         space = self._space
-        baseline = self.baseline_dev(quick)  # measured (uncharged) before the experiment's
+        baseline = self.baseline_dev(quick)  # measured, uncharged, before the experiment
         index = len(self.experiments)
         record = {"launcher": LAUNCHER, "digest": tree_digest(root)[:16]}
         run = self._guarded(lambda: self.dev.run_launcher(space, quick, index, baseline))
