@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.errors import UserError
+from servegym.paths import quoted
 from servegym.providers.choose import PROVIDER_KINDS, choose_provider
 from servegym.providers.clients import Provider, RetryPolicy
 from servegym.providers.cost import cost_of
@@ -187,7 +188,11 @@ async def judge_folders(
 ) -> list[Verdict]:
     """Judge each trial folder in turn with one provider."""
     for f in folders:
-        if not (f / "trial.json").is_file():
+        try:
+            finished = (f / "trial.json").is_file()
+        except OSError as e:  # a name too long for the file system, ...
+            raise UserError(f"{quoted(str(f))}: {e.strerror or e}") from None
+        if not finished:
             raise UserError(f"{f}: not a finished trial (no trial.json)")
     provider = judge_provider(spec, base_url, api_key_env)
     try:

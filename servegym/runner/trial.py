@@ -50,7 +50,7 @@ from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
-from servegym.run_folder import TRIAL_FILE
+from servegym.run_folder import TRIAL_FILE, check_nameable
 from servegym.runner.agent_watch import Action, AgentWatch, forbidden_patterns
 from servegym.runner.environment import SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
@@ -249,6 +249,7 @@ def run_trial(
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
+    check_nameable(trial_folder(out_dir, loaded.id, agent_name, seed))
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
         if done is not None:
