@@ -48,7 +48,7 @@ from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
-from servegym.errors import HarnessError
+from servegym.errors import BrokenTask, HarnessError
 from servegym.pipeline.engine import launch_task
 from servegym.runner.agent_watch import Action
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
@@ -228,6 +228,8 @@ class SimTaskEnvironment(EnvironmentBase):
         self.submissions = 0
         self.sim_gpu_seconds_used = 0.0
         self.harness_error: str | None = None
+        self.broken_task: str | None = None
+        """Set when the task's own baseline does not start (a :class:`BrokenTask`)."""
         self._started = time.monotonic()
         self._open_log(log_path)
 
@@ -245,7 +247,8 @@ class SimTaskEnvironment(EnvironmentBase):
                 engine = self._launch(self.task.baseline)
             except LaunchError as e:
                 self.harness_error = f"the task's baseline config does not launch: {e.message}"
-                raise HarnessError(self.harness_error) from None
+                self.broken_task = self.harness_error
+                raise BrokenTask(self.harness_error) from None
             spec, base_dir = self._spec(quick)
             try:
                 m = measure_objective(

@@ -45,7 +45,7 @@ from servegym.engines.models import resolve_model
 from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.process import read_tail
 from servegym.engines.served import ManagedServer, ScriptServer, ServedRun, benchmark_server
-from servegym.errors import HarnessError, UserError
+from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.loadgen.target import RunOptions
 from servegym.runner.agent_watch import Action
 from servegym.runner.environment import EnvironmentBase, changed_knobs, config_key
@@ -129,6 +129,8 @@ class RealTaskEnvironment(EnvironmentBase):
         self.submissions = 0
         self.wall_seconds_used = 0.0
         self.harness_error: str | None = None
+        self.broken_task: str | None = None
+        """Set when the task's own baseline does not start (a :class:`BrokenTask`)."""
         self._open_log(log_path)
         root = workspace if workspace is not None else server_logs.parent / "workspace"
         self.submission_dir = (
@@ -213,6 +215,8 @@ class RealTaskEnvironment(EnvironmentBase):
                     self._baseline[quick] = self.pipeline.baseline(quick)
                 except HarnessError as e:
                     self.harness_error = str(e)
+                    if isinstance(e, BrokenTask):
+                        self.broken_task = self.harness_error
                     raise
                 return self._baseline[quick]
             served = self._serve(self.task.baseline, quick, f"dev-baseline{'-quick' * quick}")
@@ -220,7 +224,8 @@ class RealTaskEnvironment(EnvironmentBase):
                 self.harness_error = (
                     f"the task's baseline config does not run: {served.outcome}: {served.message}"
                 )
-                raise HarnessError(self.harness_error)
+                self.broken_task = self.harness_error
+                raise BrokenTask(self.harness_error)
             m = measure_run(self.task, served.results[0])
             try:
                 accuracy = self._accuracy(served, quick)

@@ -79,7 +79,7 @@ class EvaluationSession(ABC):
 
     @abstractmethod
     async def start_baseline(self) -> StartedSide:
-        """Start the task's baseline; raise :class:`~servegym.errors.HarnessError` when it
+        """Start the task's baseline; raise :class:`~servegym.errors.BrokenTask` when it
         does not start (a broken task)."""
 
     @abstractmethod

@@ -27,7 +27,7 @@ of each side's outputs with the reference model's on the scoring prompts
 (:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
 least the task's ``accuracy.min_ratio``. A submission whose server dies during the
 evaluation is ``crashed``; a baseline that does not run is a broken task
-(:class:`~servegym.errors.HarnessError`).
+(:class:`~servegym.errors.BrokenTask`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from servegym.engines.launcher import ExternalServer, LauncherSubmission
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerError, ServerProcess
 from servegym.engines.served import AttachedServer, ManagedServer, ScriptServer, run_watched
-from servegym.errors import HarnessError
+from servegym.errors import BrokenTask, HarnessError
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
 from servegym.sandbox.egress import EgressWatch, descendants
@@ -180,7 +180,7 @@ class RealEvaluation(EvaluationSession):
         self.sides["baseline"] = self._side(server, None, None)
         proc, error = await _start(server)
         if proc is None:
-            raise HarnessError(f"the task's baseline config does not run: {error}")
+            raise BrokenTask(f"the task's baseline config does not run: {error}")
         self.sides["baseline"] = side = self._side(server, proc, None)
         return side
 

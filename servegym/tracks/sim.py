@@ -18,7 +18,7 @@ from typing import Any
 from servegym.engines.config import ServingConfig
 from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
-from servegym.errors import HarnessError
+from servegym.errors import BrokenTask
 from servegym.pipeline.engine import launch_task
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, workload_spec
@@ -100,7 +100,7 @@ class SimEvaluation(EvaluationSession):
         try:
             engine = self._launch(self.task.baseline)
         except LaunchError as e:
-            raise HarnessError(f"the task's baseline config does not launch: {e.message}") from None
+            raise BrokenTask(f"the task's baseline config does not launch: {e.message}") from None
         return started(self.task, engine)
 
     async def start_submission(self, submission: Any) -> StartedSide:
