@@ -20,7 +20,7 @@ from servegym.runner.trial import run_trial
 from servegym.tasks.loader import LoadedTask, load_task_folder
 
 DATA = Path(__file__).parent / "data" / "tasks"
-FAST_RETRIES = {"max_retries": 2, "retry_base_delay_s": 0.01}
+FAST_RETRIES = {"provider_tries": 3, "retry_base_delay_s": 0.01}
 
 
 @pytest.fixture

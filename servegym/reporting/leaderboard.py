@@ -58,6 +58,7 @@ OUTCOME_LABELS: dict[str, str] = {
     "launch_failed": "launch fail",
     "crashed": "crashed",
     "no_submission": "no sub",
+    "provider_unavailable": "provider down",
     "harness_error": "harness err",
 }
 
@@ -589,7 +590,8 @@ def display_frame(board: Leaderboard) -> pd.DataFrame:
     """The leaderboard as strings, for the table, markdown and the HTML report."""
     a = board.agents
     n_tasks = len(board.tasks)
-    outcomes = [o for o in OUTCOMES if o != "harness_error" or a["share_harness_error"].any()]
+    rare = ("harness_error", "provider_unavailable")  # shown only when some run had one
+    outcomes = [o for o in OUTCOMES if o not in rare or a[f"share_{o}"].any()]
     rows: list[dict[str, str]] = []
     for _, r in a.iterrows():
         row = {

@@ -19,7 +19,8 @@ scored in a fresh evaluation on the hidden scoring workload.
 Outcomes: the evaluation's (``scored``, ``accuracy_failed``, ``integrity_flagged``,
 ``launch_failed``) when there is a submission, whether or not the agent raised afterwards
 (the last submission stands; ``agent_error`` keeps what it raised); ``crashed`` when the
-agent raised before submitting anything; ``no_submission`` when it returned without one;
+agent raised before submitting anything; ``no_submission`` when it returned without one
+(``provider_unavailable`` when a model agent's provider stayed down through every retry);
 ``harness_error`` when the harness itself failed (the message is in ``error``, never a
 traceback on the console). A task whose own baseline does not start is no trial at all: it
 is refused in one line naming the task (:mod:`servegym.runner.preflight`, exit code 2) and
@@ -285,7 +286,12 @@ def run_trial(
     if error is not None or evaluation is None:
         outcome = "harness_error"
     elif env.submission is None:
-        outcome = "crashed" if phase.agent_error is not None else "no_submission"
+        if phase.agent_error is not None:
+            outcome = "crashed"
+        elif agent.trial_outcome() == "provider_unavailable":
+            outcome = "provider_unavailable"  # the provider failed, not the agent
+        else:
+            outcome = "no_submission"
     else:
         outcome = evaluation.outcome
 
