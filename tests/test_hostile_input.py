@@ -44,10 +44,10 @@ class Result:
     """The one line a user error prints (without ``error: ``), else None."""
 
 
-def servegym(*args: str) -> Result:
+def servegym(*args: str, env: dict[str, str] | None = None) -> Result:
     """``servegym ARGS`` as ``servegym.cli.main`` runs it: a UserError is one line, exit 2;
     anything else raised is a traceback and fails the test."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=True)
+    result = CliRunner().invoke(app, list(args), catch_exceptions=True, env=env)
     exc = result.exception
     if isinstance(exc, UserError):
         printed = io.StringIO()
@@ -231,10 +231,16 @@ def test_a_baseline_that_does_not_launch_is_a_task_error_not_a_trial(tmp_path: P
     assert not list(out.glob("*/trial.json"))  # no harness_error counted 1.0x
     v = servegym("task", "validate", str(folder), "--schema-only")
     assert v.code == 1 and "does not launch" in flat(v.output)
-    s = servegym(
-        "sweep", "--tasks", "t", "--agents", "default", "--out", str(tmp_path / "sweep"),
-    )  # fmt: skip
-    assert s.code != 0 or "does not launch" in s.output
+    # A sweep names the broken task and records no trial of it either.
+    data = tmp_path / "data"
+    (data / "tasks").mkdir(parents=True)
+    shutil.copytree(folder, data / "tasks" / "t")
+    (data / "workloads").symlink_to(ROOT / "workloads")
+    sweep_out = tmp_path / "sweep"
+    s = servegym("sweep", "--tasks", "t", "--agents", "default", "--out", str(sweep_out),
+                 env={"SERVEGYM_DATA_DIR": str(data)})  # fmt: skip
+    assert s.code == 1 and "does not launch" in flat(s.output)
+    assert not list(sweep_out.glob("*/trial.json"))
 
 
 def test_a_budget_below_one_baseline_start_up_is_refused(tmp_path: Path) -> None:
