@@ -59,6 +59,9 @@ if TYPE_CHECKING:  # the SDKs take seconds to import: loaded when a provider is 
 
 __all__ = [
     "DEFAULT_KEY_ENV",
+    "DEFAULT_PROVIDER_TIMEOUT_S",
+    "DEFAULT_PROVIDER_TRIES",
+    "MAX_PROVIDER_TIMEOUT_S",
     "PLACEHOLDER_API_KEY",
     "AnthropicProvider",
     "AssistantMessage",
@@ -97,6 +100,15 @@ PLACEHOLDER_API_KEY = "EMPTY"
 """The key sent to an OpenAI-compatible server that needs none (local servers ignore it)."""
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+DEFAULT_PROVIDER_TIMEOUT_S = 120.0
+"""A model call's request timeout by default (model agents and the judge): a long answer of a
+large model takes a minute or two; a provider silent for two minutes is retried rather than
+waited on."""
+DEFAULT_PROVIDER_TRIES = 3
+"""Requests per model call by default (the first and two retries): a hung provider costs
+about 6 minutes (3 x 120 s plus backoff), not the hour of 7 tries of 600 s."""
+MAX_PROVIDER_TIMEOUT_S = 3600.0
 
 
 # --------------------------------------------------------------------------- API keys

@@ -53,6 +53,9 @@ from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.providers.choose import choose_provider
 from servegym.providers.clients import (
+    DEFAULT_PROVIDER_TIMEOUT_S,
+    DEFAULT_PROVIDER_TRIES,
+    MAX_PROVIDER_TIMEOUT_S,
     Provider,
     ProviderError,
     ProviderUnavailable,
@@ -66,14 +69,6 @@ from servegym.providers.types import (
     Usage,
     UserMessage,
 )
-
-DEFAULT_PROVIDER_TIMEOUT_S = 120.0
-"""A model call's request timeout by default: a long answer of a large model takes a minute
-or two; a provider that has not answered in two minutes is retried rather than waited on."""
-DEFAULT_PROVIDER_TRIES = 3
-"""Requests per model call by default: a hung provider costs at most about 6 minutes
-(3 x 120 s plus backoff) before the agent phase ends ``provider_unavailable``."""
-MAX_PROVIDER_TIMEOUT_S = 3600.0
 
 
 def load_prompt(name: str) -> str:
