@@ -243,6 +243,24 @@ def test_a_baseline_that_does_not_launch_is_a_task_error_not_a_trial(tmp_path: P
     assert not list(sweep_out.glob("*/trial.json"))
 
 
+def test_a_baseline_found_broken_mid_trial_is_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real track the baseline is only known not to start when the agent's first
+    experiment (or the evaluation) starts it: the trial is refused then, the same way."""
+    import servegym.runner.trial as trial_module
+
+    folder = copy_task(tmp_path)
+    edit(folder, "[baseline]\n", "[baseline]\ngpu_memory_utilization = 0.05\n")
+    monkeypatch.setattr(trial_module, "check_task_runs", lambda loaded: None)
+    out = tmp_path / "runs"
+    with pytest.raises(UserError) as info:
+        trial_module.run_trial(folder, "default", 0, out)
+    assert "baseline" in info.value.message and "does not launch" in info.value.message
+    assert str(folder / "task.toml") in info.value.message
+    assert not list(out.glob("*/trial.json"))
+
+
 def test_a_budget_below_one_baseline_start_up_is_refused(tmp_path: Path) -> None:
     folder = copy_task(tmp_path)
     edit(folder, "sim_gpu_seconds = 5000", "sim_gpu_seconds = 1")
