@@ -34,4 +34,12 @@ class UserError(Exception):
 
 
 class HarnessError(RuntimeError):
-    """The harness itself failed (e.g. the task's baseline does not launch)."""
+    """The harness itself failed (a measurement raised, a reference is missing, ...)."""
+
+
+class BrokenTask(HarnessError):
+    """The task's own baseline config does not start: the task is broken, not the agent's
+    work nor the harness. Raised where the baseline is started (a :class:`HarnessError`, so
+    an agent's tool call never swallows it); a trial turns it into a one-line
+    :class:`UserError` naming the task (exit code 2) and records no result, and
+    ``servegym task validate`` fails the task on it."""

@@ -80,7 +80,7 @@ def apply_override(
         sub = _submodel(model.model_fields[part].annotation)
         if sub is None:
             raise UserError(
-                f"--set {key}: '{'.'.join(parts[: depth + 1])}' is a value, not a table"
+                f"{flag} {key}: '{'.'.join(parts[: depth + 1])}' is a value, not a table"
             )
         current = table.get(part)
         if not isinstance(current, dict):
@@ -91,9 +91,15 @@ def apply_override(
 
 
 def validation_message(
-    e: ValidationError, source: str, overrides: Sequence[str], what: str = "the workload"
+    e: ValidationError,
+    source: str,
+    overrides: Sequence[str],
+    what: str = "the workload",
+    *,
+    flag: str = "--set",
 ) -> str:
-    """One line for a validation error: the ``--set`` to blame if one is, else ``source``."""
+    """One line for a validation error: the override to blame if one is (named as ``flag``:
+    ``--set``, ``--workload-set``, a task's ``workload.overrides``), else ``source``."""
     errors = e.errors()
     first = errors[0]
     loc = ".".join(str(x) for x in first["loc"])
@@ -111,9 +117,9 @@ def validation_message(
         )
     ]
     if flagged:
-        where = f"--set {flagged[-1]}"
+        where = f"{flag} {flagged[-1]}"
     elif not loc and overrides:
-        where = f"{source} with --set {' '.join(overrides)}"
+        where = f"{source} with {flag} {' '.join(overrides)}"
     else:
         where = source
     field = f"'{loc}'" if loc else what

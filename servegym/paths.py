@@ -46,3 +46,25 @@ def python_runtime_dirs(venv: Path) -> list[Path]:
             if key.strip() == "home" and value.strip():
                 out.append(Path(value.strip()).parent)
     return out
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, every symlink followed, lies inside ``folder`` (also resolved).
+
+    A task's files, and the workloads and traces it names, are data someone else wrote:
+    one that resolves outside its folder (a symlink to ``/etc/shadow``, ``../`` in a name,
+    an absolute path) is refused rather than read, shown, or sent to a model provider.
+    A path that cannot be resolved (a loop, a name too long) is not inside.
+    """
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
+def quoted(text: str, limit: int = 80) -> str:
+    """``text`` for a one-line message, cut to ``limit`` characters (a 5,000-character name
+    is quoted by its start and its length)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"

@@ -16,19 +16,29 @@ from typing import Any
 
 from servegym.errors import UserError
 from servegym.loadgen.records import RunResult
+from servegym.paths import quoted
 
 TRIAL_FILE = "trial.json"
 """A trial's result in its folder (:class:`~servegym.runner.results.TrialResult`)."""
 
 
+def check_nameable(path: Path, flag: str = "--out") -> None:
+    """Refuse, in one line, a path the file system cannot name (a component over 255
+    bytes): every later look at it would raise ``OSError``."""
+    try:
+        path.exists()
+    except OSError as e:
+        raise UserError(f"{flag}: {quoted(str(path))}: {e.strerror or e}") from None
+
+
 def prepare_out(out: Path, flag: str = "--out") -> None:
     """Create the run folder, or say in one line why it cannot be."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{flag}: {out} exists and is not a folder")
     try:
+        if out.exists() and not out.is_dir():
+            raise UserError(f"{flag}: {out} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"{flag}: cannot create {out}: {e.strerror}") from None
+        raise UserError(f"{flag}: cannot create {quoted(str(out))}: {e.strerror}") from None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -314,7 +314,9 @@ class FileCase:
 # Field-specific near-valid values (a wrong objective kind, a bad override list, ...).
 FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "kind": st.sampled_from(["ttft", "goodput", "composite", "cost_at_sla", "nope", ""]),
-    "name": st.sampled_from(["balanced", "nope", "../x.toml", "/no/such.toml", "w.toml", ""]),
+    "name": st.sampled_from(
+        ["balanced", "nope", "../x.toml", "/no/such.toml", "w.toml", "", "../../../../etc/passwd"]
+    ),
     "overrides": st.lists(
         st.sampled_from(
             [
@@ -434,7 +436,12 @@ def task_case(draw: st.DrawFn, tasks: Sequence[str] = TASKS) -> tuple[str, str, 
                  FileCase("missing"), FileCase("raw", (), b"Do the task.\n")]
             )
         )  # fmt: skip
+    if draw(st.integers(0, 19)) == 0:  # now and then: the file is a symlink out of the task
+        case = FileCase("symlink")
     return name, target, case
+
+
+SECRET = "SECRET-OUTSIDE-THE-TASK"
 
 
 def make_task(tmp: Path, name: str, target: str, case: FileCase) -> Path:
@@ -443,6 +450,16 @@ def make_task(tmp: Path, name: str, target: str, case: FileCase) -> Path:
     path = folder / target
     if case.kind == "missing":
         path.unlink()
+    elif case.kind == "symlink":  # a valid file, but outside the task's folder
+        outside = tmp / f"outside-{target}"
+        if target == "instruction.md":
+            outside.write_text(f"{SECRET}\n")
+        elif path.exists():
+            shutil.copyfile(path, outside)
+        else:  # the test tasks have no oracle.toml
+            outside.write_text(toml_dumps(ORACLE))
+        path.unlink(missing_ok=True)
+        path.symlink_to(outside)
     else:
         write_case(path, case)
     return folder
@@ -459,6 +476,7 @@ NAN_PRICE = _with(TASK_TABLES["tiny-cpu"], ("price_per_hour",), math.nan)
 CR_KEY = _with(TASK_TABLES["tiny-cpu"], ("accuracy", "a\rb"), False)
 MARKUP_KEY = _with(TASK_TABLES["tiny-latency"], ("budget", "[/x]"), 1)
 MARKUP_TITLE = _with(TASK_TABLES["tiny-latency"], ("title",), "a [/x] title")
+TRAVERSAL = _with(TASK_TABLES["tiny-latency"], ("workload", "name"), "../../../../etc/passwd")
 
 
 @fuzz(EXAMPLES["task_file"])
@@ -471,12 +489,18 @@ MARKUP_TITLE = _with(TASK_TABLES["tiny-latency"], ("title",), "a [/x] title")
 @example(("tiny-latency", "task.toml", FileCase("unknown", ("budget", "[/x]"), MARKUP_KEY)))
 @example(("tiny-latency", "oracle.toml", FileCase("bytes", (), b"max_num_seqs = \xc3\n")))
 @example(("tiny-latency", "task.toml", FileCase("set", ("title",), MARKUP_TITLE)))
+@example(("tiny-latency", "instruction.md", FileCase("symlink")))  # was shown, and sent
+@example(("tiny-cpu", "task.toml", FileCase("symlink")))  # was followed
+@example(("tiny-latency", "oracle.toml", FileCase("symlink")))
+@example(("tiny-latency", "task.toml", FileCase("set", ("workload", "name"), TRAVERSAL)))
 def test_task_files(case: tuple[str, str, FileCase]) -> None:
     name, target, fc = case
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_task(Path(tmp), name, target, fc)
         outcome = invoke(["task", "show", str(folder)])
-        check(outcome, task_names(folder, target, fc), ok=(2,) if fc.nonfinite else (0, 2))
+        refuse = fc.nonfinite or fc.kind == "symlink" or fc.content == TRAVERSAL
+        check(outcome, task_names(folder, target, fc), ok=(2,) if refuse else (0, 2))
+        assert SECRET not in outcome.output
 
 
 @fuzz(EXAMPLES["task_validate"])
@@ -616,6 +640,9 @@ def test_absurd_lengths_are_refused() -> None:
 @example("balanced", ["[/x]=1"], None, None, None)  # was a Rich MarkupError in main()
 @example("balanced", ["a\nb=1"], None, None, None)  # was a two-line message
 @example("balanced", ["prompt.token_id_high=1099511627776"], None, None, None)  # numpy error
+@example("balanced", [], None, "10000000", None)  # was 37 GiB allocated (MemoryError)
+@example("balanced", ["input_tokens.value=-5"], None, None, None)  # was clamped to 1
+@example("a" * 5000, [], None, None, None)  # was OSError: File name too long
 def test_workload_flags(
     name: str, sets: list[str], seed: str | None, requests: str | None, scale: str | None
 ) -> None:
@@ -733,6 +760,7 @@ BAD_AGENTS = ["nope", "", "default2", "anthropic", ":", "scripted", "openai-comp
 )
 @example(True, "", "default", None, "local", None)  # was an empty sweep, exit 0
 @example(True, "*", "default", None, "local", "sim")  # no task: refused, never run
+@example(False, "a" * 5000, "default", None, "local", None)  # was OSError: name too long
 def test_run_and_sweep_flags(
     sweep: bool, task: str, agent: str, seed: str | None, executor: str, track: str | None
 ) -> None:

@@ -143,3 +143,23 @@ def test_the_judge_builds_its_client_from_providers_alone() -> None:
         "--agent openai-compatible: needs --base-url (the server's /v1 URL)",
         "[]",
     ]
+
+
+def test_a_judge_provider_answering_garbage_is_one_line_and_changes_nothing(
+    trial: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a traceback (``AttributeError`` on a bare string, then ``ProviderUnavailable``)."""
+    from servegym.providers.fakes import Fault
+
+    monkeypatch.setenv("JUDGE_KEY", "sk-judge")
+    before = (trial / "trial.json").read_bytes()
+    with serving(FakeOpenAI, [final_text("{}")], faults=[Fault.garbage('"nope"')]) as fake:
+        r = CliRunner().invoke(
+            app, ["judge", str(trial), "--model", "openai-compatible:j", "--base-url",
+                  fake.base_url, "--api-key-env", "JUDGE_KEY"],
+        )  # fmt: skip
+        assert len(fake.requests) == 3  # the agents' default: 3 tries
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --model")
+    assert "unavailable after 3 attempt(s)" in lines[0] and "malformed response" in lines[0]
+    assert (trial / "trial.json").read_bytes() == before

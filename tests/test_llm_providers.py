@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -295,6 +296,63 @@ async def test_timeout_is_retried(fake_cls: FakeKind) -> None:
     ):
         turn = await p.complete(SYSTEM, [UserMessage(text="go")], TOOLS, max_tokens=64)
     assert turn.text == "late but fine" and turn.attempts == 2
+
+
+GARBAGE = [
+    ('"just a string"', "application/json"),  # the SDK hands back a str: was AttributeError
+    ("<html>502 Bad Gateway</html>", "text/html"),
+    ("null", "application/json"),
+    ("[1, 2]", "application/json"),
+    ("{}", "application/json"),  # missing every field
+    ('{"choices": "x", "content": "y"}', "application/json"),  # the wrong shapes
+    ('{"choices": [{"message": "hi"}], "content": [1, "a"]}', "application/json"),
+    ('{"choices": [{"message": {"tool_calls": [1]}}], "content": [{"type": "tool_use"}],'
+     ' "usage": {"input_tokens": "many", "prompt_tokens": "many"}}', "application/json"),
+]  # fmt: skip
+
+
+@both
+@pytest.mark.parametrize(("body", "content_type"), GARBAGE)
+async def test_a_garbage_answer_is_retried_then_unavailable(
+    fake_cls: FakeKind, body: str, content_type: str
+) -> None:
+    sleeps = Sleeps()
+    faults = [Fault.garbage(body, content_type=content_type)]
+    async with (
+        fake_cls([final_text("never")], faults=faults) as fake,
+        make_provider(fake, retry=RetryPolicy(max_retries=2), sleep=sleeps) as p,
+    ):
+        with pytest.raises(ProviderUnavailable) as info:
+            await p.complete(SYSTEM, [UserMessage(text="go")], TOOLS, max_tokens=64)
+    assert info.value.attempts == 3 and len(fake.requests) == 3 and len(sleeps.delays) == 2
+    assert all(r.status == 200 for r in fake.requests)
+    assert "malformed response" in info.value.reason and "\n" not in str(info.value)
+    assert KEY not in str(info.value)
+
+
+@both
+async def test_one_garbage_answer_then_a_good_one(fake_cls: FakeKind) -> None:
+    faults = [Fault.garbage('"oops"', count=1)]
+    async with (
+        fake_cls([final_text("fine")], faults=faults) as fake,
+        make_provider(fake, retry=RetryPolicy(max_retries=1)) as p,
+    ):
+        turn = await p.complete(SYSTEM, [UserMessage(text="go")], TOOLS, max_tokens=64)
+    assert turn.text == "fine" and turn.attempts == 2
+
+
+@both
+async def test_a_hung_provider_times_out_each_try_then_is_unavailable(fake_cls: FakeKind) -> None:
+    t0 = time.monotonic()
+    async with (
+        fake_cls([final_text("never")], faults=[Fault.hung()]) as fake,
+        make_provider(fake, timeout_s=0.3, retry=RetryPolicy(max_retries=1)) as p,
+    ):
+        with pytest.raises(ProviderUnavailable, match=r"timed out after 0\.3 s") as info:
+            await p.complete(SYSTEM, [UserMessage(text="go")], TOOLS, max_tokens=64)
+        assert len(fake.requests) == 2
+    assert info.value.attempts == 2
+    assert time.monotonic() - t0 < 5  # two tries of 0.3 s, not 600 s x 7
 
 
 @both

@@ -196,8 +196,8 @@ def test_submit_records_the_last_config_as_a_copy(tiny: LoadedTask) -> None:
     assert env.submission == ServingConfig(max_num_seqs=12)
 
 
-def test_a_baseline_that_does_not_launch_is_a_harness_error(tiny: LoadedTask) -> None:
-    from servegym.errors import HarnessError
+def test_a_baseline_that_does_not_launch_is_a_broken_task(tiny: LoadedTask) -> None:
+    from servegym.errors import BrokenTask, HarnessError
 
     broken = LoadedTask(
         task=tiny.task.model_copy(update={"baseline": ServingConfig(gpu_memory_utilization=0.999)}),
@@ -206,9 +206,11 @@ def test_a_baseline_that_does_not_launch_is_a_harness_error(tiny: LoadedTask) ->
         path=tiny.path,
     )
     env = TrackEnvironment(broken)
-    with pytest.raises(HarnessError):
+    with pytest.raises(BrokenTask) as info:  # a HarnessError: no tool call swallows it
         env.run_experiment(ServingConfig())
+    assert isinstance(info.value, HarnessError)
     assert env.harness_error is not None and "baseline" in env.harness_error
+    assert env.broken_task == env.harness_error
 
 
 def test_tensor_parallel_beyond_the_tasks_gpus_fails_at_launch(tiny: LoadedTask) -> None:

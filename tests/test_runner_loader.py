@@ -92,6 +92,10 @@ def test_unknown_task(tmp_path: Path) -> None:
     assert msg == "--task: unknown task 'nope' (known: ok-task)"
     with pytest.raises(UserError, match="no task at"):
         load_task(str(tmp_path / "missing"), tmp_path)
+    # A root that is not there is named as such (once an empty "none in" listing).
+    assert "--root" in error_of(tmp_path / "empty", "x")
+    assert "no such folder" in error_of(tmp_path / "empty", "x")
+    (tmp_path / "empty").mkdir()
     assert "none in" in error_of(tmp_path / "empty", "x")
 
 
@@ -155,7 +159,8 @@ def test_unknown_references_name_the_field(tmp_path: Path) -> None:
         "requests = 10", 'requests = 10\noverrides = ["arrival.kind=poisson"]'
     )
     make(tmp_path, "o", toml=bad_override)
-    assert "workload: --set arrival.kind=poisson" in error_of(tmp_path, "o")
+    # The override is the task's own field, not a --set flag.
+    assert "workload: workload.overrides arrival.kind=poisson" in error_of(tmp_path, "o")
 
 
 def test_instruction_and_oracle_problems(tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ def load_script(path: Path) -> list[ToolCall]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise UserError(f"--script {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"--script {path}: not UTF-8 text (byte {e.start})") from None
     calls: list[ToolCall] = []
     for n, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):

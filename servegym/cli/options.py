@@ -34,3 +34,22 @@ KnobSetOption = Annotated[
     list[str] | None,
     typer.Option("--set", help="serving knob override: knob=value (repeatable)"),
 ]
+
+ProviderTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--provider-timeout",
+        min=0.001,
+        max=3600.0,
+        help="model agents: seconds one request to the provider may take (default 120)",
+    ),
+]
+ProviderTriesOption = Annotated[
+    int | None,
+    typer.Option(
+        "--provider-tries",
+        min=1,
+        max=100,
+        help="model agents: requests per model call, the first and its retries (default 3)",
+    ),
+]

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servegym.cli.console import console as stdout_console
-from servegym.cli.options import given
+from servegym.cli.options import ProviderTimeoutOption, ProviderTriesOption, given
 
 if TYPE_CHECKING:
     from servegym.runner.results import TrialResult
@@ -35,6 +35,7 @@ _OUTCOME_STYLE = {
     "launch_failed": "bold yellow",
     "crashed": "bold red",
     "no_submission": "yellow",
+    "provider_unavailable": "yellow",
     "harness_error": "bold red",
 }
 
@@ -261,6 +262,8 @@ def run(
         Path | None,
         typer.Option("--script", help="scripted agent: JSON Lines of tool calls (or a trajectory)"),
     ] = None,
+    provider_timeout: ProviderTimeoutOption = None,
+    provider_tries: ProviderTriesOption = None,
 ) -> None:
     """Run one trial: the agent works the task within its budget, then its submission is
     scored against the baseline on the hidden scoring workload. Agents: default, random,
@@ -277,6 +280,8 @@ def run(
         max_agent_tokens=max_agent_tokens,
         max_agent_dollars=max_agent_dollars,
         script=script,
+        provider_timeout_s=provider_timeout,
+        provider_tries=provider_tries,
     )
     code = run_trial_command(task, agent, seed, out, force, stdout_console, agent_options=options)
     if code:

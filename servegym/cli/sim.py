@@ -56,6 +56,13 @@ def sim(
     from servegym.scoring.metrics import SLA
 
     if list_:
+        from servegym.engines.sim.profiles import get_hardware, get_model
+
+        # A name given with --list is checked like anywhere else, not silently ignored.
+        if model is not None:
+            get_model(model)
+        if hardware is not None:
+            get_hardware(hardware)
         console.print(render_sim_catalogue(model, hardware))
         return
     missing = [

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servegym.cli.console import console as stdout_console
-from servegym.cli.options import given
+from servegym.cli.options import ProviderTimeoutOption, ProviderTriesOption, given
 from servegym.errors import UserError
 
 if TYPE_CHECKING:
@@ -184,6 +184,8 @@ def sweep(
     max_agent_dollars: Annotated[
         float | None, typer.Option("--max-agent-dollars", min=0.0, help="model agents: cap")
     ] = None,
+    provider_timeout: ProviderTimeoutOption = None,
+    provider_tries: ProviderTriesOption = None,
 ) -> None:
     """Run every trial of tasks x agents x seeds into one folder; re-running the same
     command resumes (finished trials are skipped, partial ones restarted)."""
@@ -198,6 +200,8 @@ def sweep(
         api_key_env=api_key_env,
         max_turns=max_turns,
         max_agent_dollars=max_agent_dollars,
+        provider_timeout_s=provider_timeout,
+        provider_tries=provider_tries,
     )
     code = run_sweep_command(
         tasks,

@@ -7,6 +7,7 @@ from pathlib import Path
 from servegym.engines.base import ModelRef
 from servegym.engines.cpu_home import TINY_MODEL, track_paths
 from servegym.errors import UserError
+from servegym.paths import quoted
 
 
 def resolve_model(name_or_path: str, served_name: str | None = None) -> ModelRef:
@@ -21,7 +22,11 @@ def resolve_model(name_or_path: str, served_name: str | None = None) -> ModelRef
             )
         return ModelRef(path=str(path), served_name=served_name or TINY_MODEL)
     p = Path(name_or_path).expanduser()
-    if p.exists():
+    try:
+        exists = p.exists()
+    except OSError as e:  # a name too long for the file system, ...
+        raise UserError(f"--model {quoted(name_or_path)}: {e.strerror or e}") from None
+    if exists:
         if not (p / "config.json").is_file():
             raise UserError(f"--model {name_or_path}: the folder has no config.json")
         return ModelRef(path=str(p.resolve()), served_name=served_name or p.name)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servegym.errors import UserError
+from servegym.paths import quoted
 from servegym.pipeline.result import PipelineResult
 from servegym.run_folder import TRIAL_FILE, write_atomic
 from servegym.scoring.objectives import ObjectiveMeasurement
@@ -42,7 +43,11 @@ def resolve_result(target: Path, *, baseline: bool = False) -> Path:
     (or beside its ``trial.json``) ``pipeline.json`` (``pipeline_baseline.json`` with
     ``baseline``). A missing file is a :class:`UserError` naming it."""
     name = PIPELINE_BASELINE_FILE if baseline else PIPELINE_FILE
-    if target.is_dir():
+    try:
+        is_dir = target.is_dir()
+    except OSError as e:  # a name too long for the file system, ...
+        raise UserError(f"{quoted(str(target))}: {e.strerror or e}") from None
+    if is_dir:
         path = target / name
     elif target.name == TRIAL_FILE:
         path = target.parent / name

@@ -198,6 +198,10 @@ class PipelineResult(BaseModel):
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(
+                f"{path}: not UTF-8 text (byte {exc.start}); a pipeline result is JSON"
+            ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

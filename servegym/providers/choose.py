@@ -33,8 +33,9 @@ class ProviderChoice:
     base_url: str | None = None
     api_key_env: str | None = None
 
-    def make(self, retry: RetryPolicy | None = None) -> Provider:
-        """The client (it opens its HTTP connections; :meth:`Provider.aclose` them)."""
+    def make(self, retry: RetryPolicy | None = None, *, timeout_s: float = 600.0) -> Provider:
+        """The client (it opens its HTTP connections; :meth:`Provider.aclose` them);
+        ``timeout_s``: one request's timeout."""
         if self.kind == "anthropic":
             return AnthropicProvider(
                 self.model,
@@ -42,6 +43,7 @@ class ProviderChoice:
                 base_url=self.base_url,
                 api_key_env=self.api_key_env,
                 retry=retry,
+                timeout_s=timeout_s,
             )
         if self.kind == "openai":
             return OpenAIProvider(
@@ -50,6 +52,7 @@ class ProviderChoice:
                 base_url=self.base_url,
                 api_key_env=self.api_key_env,
                 retry=retry,
+                timeout_s=timeout_s,
             )
         return OpenAIProvider(
             self.model,
@@ -59,6 +62,7 @@ class ProviderChoice:
             name="openai-compatible",
             max_tokens_field="max_tokens",
             retry=retry,
+            timeout_s=timeout_s,
         )
 
 

@@ -11,11 +11,13 @@ A :class:`Provider` turns (system prompt, history of :data:`Message`, tools) int
   OpenAI API (a local vLLM, for one); ``name="openai-compatible"`` then labels its messages.
 
 Retries are ours alone (the SDKs' own are switched off with ``max_retries=0``): a 429, a 408
-or 409, any 5xx, a timeout or a connection error is retried after an exponential backoff with
-jitter (at least the server's ``retry-after``), up to :attr:`RetryPolicy.max_retries` times;
-then :class:`ProviderUnavailable` is raised. Any other 4xx raises :class:`ProviderError` at
-once, in one line (a 401 names the environment variable the key came from). Both ``sleep``
-and the jitter's ``rng`` can be injected, so tests neither wait nor depend on chance.
+or 409, any 5xx, a timeout, a connection error or a garbage answer (a 200 whose body is no
+API response: not JSON, a bare string, the wrong shape, missing fields) is retried after an
+exponential backoff with jitter (at least the server's ``retry-after``), up to
+:attr:`RetryPolicy.max_retries` times; then :class:`ProviderUnavailable` is raised. Any
+other 4xx raises :class:`ProviderError` at once, in one line (a 401 names the environment
+variable the key came from). Both ``sleep`` and the jitter's ``rng`` can be injected, so
+tests neither wait nor depend on chance.
 
 API keys come from :func:`resolve_api_key`; a provider never shows its key in ``repr``, in an
 error message or in :attr:`ModelTurn.raw`.
@@ -57,9 +59,13 @@ if TYPE_CHECKING:  # the SDKs take seconds to import: loaded when a provider is 
 
 __all__ = [
     "DEFAULT_KEY_ENV",
+    "DEFAULT_PROVIDER_TIMEOUT_S",
+    "DEFAULT_PROVIDER_TRIES",
+    "MAX_PROVIDER_TIMEOUT_S",
     "PLACEHOLDER_API_KEY",
     "AnthropicProvider",
     "AssistantMessage",
+    "MalformedResponse",
     "Message",
     "ModelTurn",
     "OpenAIProvider",
@@ -94,6 +100,15 @@ PLACEHOLDER_API_KEY = "EMPTY"
 """The key sent to an OpenAI-compatible server that needs none (local servers ignore it)."""
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+DEFAULT_PROVIDER_TIMEOUT_S = 120.0
+"""A model call's request timeout by default (model agents and the judge): a long answer of a
+large model takes a minute or two; a provider silent for two minutes is retried rather than
+waited on."""
+DEFAULT_PROVIDER_TRIES = 3
+"""Requests per model call by default (the first and two retries): a hung provider costs
+about 6 minutes (3 x 120 s plus backoff), not the hour of 7 tries of 600 s."""
+MAX_PROVIDER_TIMEOUT_S = 3600.0
 
 
 # --------------------------------------------------------------------------- API keys
@@ -164,6 +179,34 @@ class RetryEvent:
     reason: str
     delay_s: float
     status: int | None = None
+
+
+class MalformedResponse(Exception):
+    """A 200 answer that is no API response (not JSON, a bare string, the wrong shape,
+    missing fields): retried like a 5xx, never an ``AttributeError`` in the agent loop."""
+
+
+def _response_dict(response: object) -> dict[str, Any]:
+    """The SDK's response as JSON data; :class:`MalformedResponse` when the SDK handed back
+    something else (it returns the raw text, or whatever JSON came, when the body is not
+    the model it expected)."""
+    if not isinstance(response, BaseModel):
+        raise MalformedResponse(f"the body is a {type(response).__name__}, not a response object")
+    data = response.model_dump(mode="json", warnings=False)
+    if not isinstance(data, dict):  # pragma: no cover - a BaseModel dumps to a dict
+        raise MalformedResponse("the body is not a JSON object")
+    return data
+
+
+def _parse_turn(parse: Callable[[], ModelTurn]) -> ModelTurn:
+    """Run a response's conversion; a field of the wrong type or shape anywhere in it is a
+    :class:`MalformedResponse` naming what was wrong."""
+    try:
+        return parse()
+    except MalformedResponse:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+        raise MalformedResponse(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -330,6 +373,8 @@ class _RetryingProvider:
     ) -> _Failure | None:
         """Sort an SDK exception into retryable / fatal (``None``: not the SDK's; re-raise)."""
         where = f" at {self.base_url}" if self.base_url else ""
+        if isinstance(exc, MalformedResponse):
+            return _Failure(True, self._redact(f"a malformed response{where} ({exc})"))
         if isinstance(exc, timeout_error):
             return _Failure(True, f"request timed out after {self.timeout_s:g} s{where}")
         if isinstance(exc, connection_error):
@@ -345,7 +390,7 @@ class _RetryingProvider:
                 return _Failure(True, f"HTTP {status}: {message}", status, retry_after)
             return _Failure(False, self._fatal_message(status, message), status)
         if isinstance(exc, validation_error):
-            return _Failure(False, f"{self._name} returned a response that is not valid{where}")
+            return _Failure(True, f"{self._name} returned a response that is not valid{where}")
         return None
 
     def _fatal_message(self, status: int, message: str) -> str:
@@ -477,6 +522,8 @@ def _anthropic_assistant_blocks(m: AssistantMessage) -> list[dict[str, Any]]:
 
 
 def _anthropic_turn(raw: dict[str, Any], latency_s: float) -> ModelTurn:
+    if not isinstance(raw.get("content"), list):
+        raise MalformedResponse("no 'content' list")
     texts: list[str] = []
     calls: list[ToolCall] = []
     native: list[dict[str, Any]] = []
@@ -618,7 +665,7 @@ class AnthropicProvider(_RetryingProvider):
             timeout=self.timeout_s,
         )
         latency = time.perf_counter() - start
-        return _anthropic_turn(response.model_dump(mode="json"), latency)
+        return _parse_turn(lambda: _anthropic_turn(_response_dict(response), latency))
 
     def _classify(self, exc: BaseException) -> _Failure | None:
         import anthropic
@@ -680,8 +727,8 @@ def openai_request_messages(system: str, messages: Sequence[Message]) -> list[di
 
 def _openai_turn(raw: dict[str, Any], latency_s: float, provider: str) -> ModelTurn:
     choices = raw.get("choices") or []
-    if not choices:
-        raise ProviderError(provider, f"{provider} returned a completion with no choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse("a completion with no choices")
     choice = choices[0]
     message = choice.get("message") or {}
     calls: list[ToolCall] = []
@@ -812,7 +859,7 @@ class OpenAIProvider(_RetryingProvider):
             timeout=self.timeout_s,
         )
         latency = time.perf_counter() - start
-        return _openai_turn(response.model_dump(mode="json"), latency, self._name)
+        return _parse_turn(lambda: _openai_turn(_response_dict(response), latency, self._name))
 
     def _classify(self, exc: BaseException) -> _Failure | None:
         import openai

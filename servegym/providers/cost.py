@@ -110,6 +110,8 @@ def load_price_table(path: Path | str | None = None) -> PriceTable:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{p}: cannot read the price table ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     return _parse(text, str(p))
 
 

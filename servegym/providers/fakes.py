@@ -14,8 +14,9 @@ replay a run's tool calls through the real clients.
 Fault injection (:class:`Fault`), consumed in order: ``Fault.rate_limited(2)`` answers the
 next two requests with 429 and ``retry-after``, ``Fault.server_error()`` answers every later
 request with 500, ``Fault.slow(5.0, count=1)`` delays one request's answer (to provoke a
-client timeout). ``api_key=`` makes the server answer other keys with 401, as the real API
-does.
+client timeout), ``Fault.hung()`` never answers, ``Fault.garbage('"a string"')`` answers 200
+with a body that is no API response (not JSON, the wrong shape, missing fields).
+``api_key=`` makes the server answer other keys with 401, as the real API does.
 
 Like the real APIs, each server checks the request's shape and answers a malformed one with
 400 naming the problem: in particular every tool call of an assistant turn must be answered
@@ -154,6 +155,10 @@ class Fault(BaseModel):
     retry_after_s: float | None = None
     delay_s: float = Field(default=0.0, ge=0.0)
     message: str = ""
+    body: str | None = None
+    """Answer 200 with this body verbatim (``content_type``) instead of the script's step:
+    a garbage reply (not JSON, a JSON string, the wrong shape, missing fields)."""
+    content_type: str = "application/json"
 
     @classmethod
     def rate_limited(cls, count: int | None = 1, retry_after_s: float = 1.0) -> Fault:
@@ -166,6 +171,18 @@ class Fault(BaseModel):
     @classmethod
     def slow(cls, delay_s: float, count: int | None = 1) -> Fault:
         return cls(delay_s=delay_s, count=count)
+
+    @classmethod
+    def hung(cls) -> Fault:
+        """Never answer (until the server closes): every request from then on."""
+        return cls(delay_s=10**6, count=None)
+
+    @classmethod
+    def garbage(
+        cls, body: str, count: int | None = None, content_type: str = "application/json"
+    ) -> Fault:
+        """Answer 200 with ``body`` verbatim (every request from then on by default)."""
+        return cls(body=body, count=count, content_type=content_type)
 
 
 @dataclass
@@ -296,6 +313,10 @@ class FakeServer:
                     headers["retry-after"] = f"{fault.retry_after_s:g}"
                 message = fault.message or f"injected fault: HTTP {fault.status}"
                 return self._error(fault.status, message, headers)
+            if fault.body is not None:
+                return web.Response(
+                    status=200, text=fault.body, headers={"content-type": fault.content_type}
+                )
         if not isinstance(record.body, dict):
             return self._error(400, "the request body must be a JSON object")
         problem = self.validate(record.body)

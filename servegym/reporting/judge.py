@@ -23,8 +23,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.errors import UserError
+from servegym.paths import quoted
 from servegym.providers.choose import PROVIDER_KINDS, choose_provider
-from servegym.providers.clients import Provider, RetryPolicy
+from servegym.providers.clients import (
+    DEFAULT_PROVIDER_TIMEOUT_S,
+    DEFAULT_PROVIDER_TRIES,
+    Provider,
+    ProviderUnavailable,
+    RetryPolicy,
+)
 from servegym.providers.cost import cost_of
 from servegym.providers.types import UserMessage
 from servegym.runner.results import TrialResult, flag_trial, read_trial, write_trial
@@ -172,14 +179,16 @@ async def judge_trial(folder: Path, provider: Provider, *, max_tokens: int = 2_0
 def judge_provider(spec: str, base_url: str | None, api_key_env: str | None) -> Provider:
     """The provider of a model spec (``anthropic:MODEL``, ``openai:MODEL``,
     ``openai-compatible:MODEL``), built exactly as the model agent of that spec builds its
-    own (:mod:`servegym.providers.choose`, with the agents' default retries)."""
+    own (:mod:`servegym.providers.choose`, with the agents' default request timeout and
+    tries: a hung provider costs minutes, not hours)."""
     kind, sep, model = spec.partition(":")
     if kind not in PROVIDER_KINDS or not sep:
         raise UserError(
             f"--model: '{spec}' is not anthropic:MODEL, openai:MODEL or openai-compatible:MODEL"
         )
     choice = choose_provider(kind, model, base_url or None, api_key_env or None)
-    return choice.make(RetryPolicy())
+    retry = RetryPolicy(max_retries=DEFAULT_PROVIDER_TRIES - 1)
+    return choice.make(retry, timeout_s=DEFAULT_PROVIDER_TIMEOUT_S)
 
 
 async def judge_folders(
@@ -187,10 +196,16 @@ async def judge_folders(
 ) -> list[Verdict]:
     """Judge each trial folder in turn with one provider."""
     for f in folders:
-        if not (f / "trial.json").is_file():
+        try:
+            finished = (f / "trial.json").is_file()
+        except OSError as e:  # a name too long for the file system, ...
+            raise UserError(f"{quoted(str(f))}: {e.strerror or e}") from None
+        if not finished:
             raise UserError(f"{f}: not a finished trial (no trial.json)")
     provider = judge_provider(spec, base_url, api_key_env)
     try:
         return [await judge_trial(f, provider) for f in folders]
+    except ProviderUnavailable as e:  # down, hung or answering garbage through every try
+        raise UserError(f"--model {spec}: {e}") from None
     finally:
         await provider.aclose()

@@ -34,6 +34,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from servegym.errors import UserError
+from servegym.paths import quoted
 from servegym.run_folder import TRIAL_FILE
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
@@ -57,6 +58,7 @@ OUTCOME_LABELS: dict[str, str] = {
     "launch_failed": "launch fail",
     "crashed": "crashed",
     "no_submission": "no sub",
+    "provider_unavailable": "provider down",
     "harness_error": "harness err",
 }
 
@@ -87,7 +89,11 @@ def find_trials(run_dirs: Sequence[Path]) -> list[FoundTrial]:
     found: list[FoundTrial] = []
     seen: dict[tuple[str, str, int], Path] = {}
     for run_dir in run_dirs:
-        if not run_dir.is_dir():
+        try:
+            is_dir = run_dir.is_dir()
+        except OSError as e:  # a name too long for the file system, ...
+            raise UserError(f"RUN_DIR {quoted(str(run_dir))}: {e.strerror or e}") from None
+        if not is_dir:
             raise UserError(f"RUN_DIR {run_dir}: not a folder")
         direct = run_dir / TRIAL_FILE
         paths = [direct] if direct.is_file() else sorted(run_dir.glob(f"*/{TRIAL_FILE}"))
@@ -584,7 +590,8 @@ def display_frame(board: Leaderboard) -> pd.DataFrame:
     """The leaderboard as strings, for the table, markdown and the HTML report."""
     a = board.agents
     n_tasks = len(board.tasks)
-    outcomes = [o for o in OUTCOMES if o != "harness_error" or a["share_harness_error"].any()]
+    rare = ("harness_error", "provider_unavailable")  # shown only when some run had one
+    outcomes = [o for o in OUTCOMES if o not in rare or a[f"share_{o}"].any()]
     rows: list[dict[str, str]] = []
     for _, r in a.iterrows():
         row = {

@@ -52,6 +52,7 @@ OUTCOME_COLOURS: dict[str, str] = {
     "launch_failed": "#6a1b9a",
     "crashed": "#5d4037",
     "no_submission": "#9e9e9e",
+    "provider_unavailable": "#607d8b",
     "harness_error": "#212121",
 }
 PALETTE: tuple[str, ...] = (

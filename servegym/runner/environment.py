@@ -56,7 +56,7 @@ from servegym.agents.base import (
 )
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
-from servegym.errors import HarnessError
+from servegym.errors import BrokenTask, HarnessError
 from servegym.runner.agent_watch import Action
 from servegym.runner.workspace import MeteredWorkspace
 from servegym.sandbox.local import tree_digest
@@ -113,6 +113,8 @@ class TrackEnvironment:
         self.submission: ServingConfig | LauncherSubmission | None = None
         self.submissions = 0
         self.harness_error: str | None = None
+        self.broken_task: str | None = None
+        """Set when the task's own baseline does not start (a :class:`BrokenTask`)."""
         self._baseline: dict[bool, DevBaseline] = {}
         self._log: IO[str] | None = None
         if log_path is not None:
@@ -153,6 +155,8 @@ class TrackEnvironment:
                 self._baseline[quick] = self.dev.baseline(quick)
             except HarnessError as e:
                 self.harness_error = str(e)
+                if isinstance(e, BrokenTask):
+                    self.broken_task = self.harness_error
                 raise
         return self._baseline[quick]
 

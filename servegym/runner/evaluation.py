@@ -23,7 +23,8 @@ integrity (``integrity_flagged``), the launch (``launch_failed``), the outputs' 
 (``integrity_flagged``), accuracy (``accuracy_failed``); all passed: ``scored``. A
 submission that launched is measured even when a gate fails, so ``raw_score`` says what it
 would have scored. A baseline that does not start is a broken task:
-:class:`~servegym.errors.HarnessError`. A submission whose server dies mid-evaluation is
+:class:`~servegym.errors.BrokenTask` (a trial refuses the task in one line, exit code 2, and
+records nothing). A submission whose server dies mid-evaluation is
 ``crashed``.
 """
 
@@ -233,8 +234,9 @@ def evaluate(
     """Score ``submission`` (a ServingConfig, a workspace, a running server, or whatever the
     agent left) against the task's baseline on the scoring workload, on ``track`` (default:
     the task's; a real track needs one built with its server logs). Raises
-    :class:`~servegym.errors.HarnessError` when the baseline itself does not start or
-    fails; any other exception is the harness's own (the trial records it).
+    :class:`~servegym.errors.BrokenTask` when the baseline itself does not start,
+    :class:`~servegym.errors.HarnessError` when it fails later; any other exception is the
+    harness's own (the trial records it).
     ``ran_in_workspace``: the workspace digests whose launcher served a benchmark during the
     agent phase (see :func:`_outside_state`)."""
     chosen = track if track is not None else track_for(loaded)

@@ -4,7 +4,9 @@ Layout (``trial.json``, schema ``servegym.trial/1``)::
 
     schema, task, task_title, track, agent, seed
     outcome            scored | accuracy_failed | integrity_flagged | launch_failed |
-                       crashed | no_submission | harness_error
+                       crashed | no_submission | provider_unavailable | harness_error
+                       (provider_unavailable: a model agent's provider stayed down, or
+                       answered garbage, through every retry before anything was submitted)
     score              the paired improvement (geometric mean of paired ratios) when scored,
                        else null
     score_ci           [low, high] 95% bootstrap interval of score (null when not scored)
@@ -77,6 +79,7 @@ Outcome = Literal[
     "launch_failed",
     "crashed",
     "no_submission",
+    "provider_unavailable",
     "harness_error",
 ]
 OUTCOMES: tuple[str, ...] = (
@@ -86,6 +89,7 @@ OUTCOMES: tuple[str, ...] = (
     "launch_failed",
     "crashed",
     "no_submission",
+    "provider_unavailable",
     "harness_error",
 )
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.launcher import ExternalServer
-from servegym.errors import UserError
+from servegym.errors import BrokenTask, UserError
 from servegym.runner.evaluation import evaluate
+from servegym.runner.preflight import broken_task_error
 from servegym.runner.results import (
     Timing,
     TrialResult,
@@ -87,6 +88,8 @@ def score_server(
         evaluation = evaluate(loaded, submission, scoring, track=track)
     except UserError:
         raise
+    except BrokenTask as e:
+        raise broken_task_error(loaded, str(e)) from None
     except Exception as e:
         result.error = f"{type(e).__name__}: {e}"
         (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")

@@ -69,6 +69,7 @@ def run_sim(request: SimRequest) -> SimOutcome:
         request.workload_overrides,
         requests=request.requests,
         scale=request.scale,
+        flag="--workload-set",
     )
     prepare_out(request.out)
     workload = materialise(spec, request.seed, base_dir=base_dir)

@@ -19,10 +19,13 @@ scored in a fresh evaluation on the hidden scoring workload.
 Outcomes: the evaluation's (``scored``, ``accuracy_failed``, ``integrity_flagged``,
 ``launch_failed``) when there is a submission, whether or not the agent raised afterwards
 (the last submission stands; ``agent_error`` keeps what it raised); ``crashed`` when the
-agent raised before submitting anything; ``no_submission`` when it returned without one;
+agent raised before submitting anything; ``no_submission`` when it returned without one
+(``provider_unavailable`` when a model agent's provider stayed down through every retry);
 ``harness_error`` when the harness itself failed (the message is in ``error``, never a
-traceback on the console). A non-scored trial keeps ``score`` null and
-``leaderboard_score`` 1.0.
+traceback on the console). A task whose own baseline does not start is no trial at all: it
+is refused in one line naming the task (:mod:`servegym.runner.preflight`, exit code 2) and
+no ``trial.json`` is written, so no leaderboard counts it. A non-scored trial keeps
+``score`` null and ``leaderboard_score`` 1.0.
 
 Everything but ``started_at``, ``finished_at`` and ``timing`` is a function of the task, the
 agent, the seed, the code and the harness secret: the same seed gives the same trial.json.
@@ -48,12 +51,13 @@ from servegym.agents.base import Agent, BudgetExhausted, ExperimentResult, make_
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
-from servegym.errors import HarnessError, UserError
+from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
-from servegym.run_folder import TRIAL_FILE
+from servegym.run_folder import TRIAL_FILE, check_nameable
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import TrackEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
+from servegym.runner.preflight import broken_task_error, check_task_runs
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
     LATENCIES_FILE,
@@ -217,9 +221,11 @@ def run_trial(
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
+    check_task_runs(loaded)
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
+    check_nameable(trial_folder(out_dir, loaded.id, agent_name, seed))
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
         if done is not None:
@@ -236,9 +242,14 @@ def run_trial(
     phase = agent_phase(loaded, track, agent, agent_name, seed, out_dir, folder, prog)
     t_agent = time.perf_counter() - t0
     env = phase.env
+    if env.broken_task is not None:  # the baseline did not start: no trial to record
+        raise broken_task_error(loaded, env.broken_task)
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
     t1 = time.perf_counter()
-    evaluation, error = final_evaluation(loaded, env, scoring, folder, prog)
+    try:
+        evaluation, error = final_evaluation(loaded, env, scoring, folder, prog)
+    except BrokenTask as e:
+        raise broken_task_error(loaded, str(e)) from None
     t_eval = time.perf_counter() - t1
 
     process, best = process_stats(env)
@@ -246,7 +257,12 @@ def run_trial(
     if error is not None or evaluation is None:
         outcome = "harness_error"
     elif env.submission is None:
-        outcome = "crashed" if phase.agent_error is not None else "no_submission"
+        if phase.agent_error is not None:
+            outcome = "crashed"
+        elif agent.trial_outcome() == "provider_unavailable":
+            outcome = "provider_unavailable"  # the provider failed, not the agent
+        else:
+            outcome = "no_submission"
     else:
         outcome = evaluation.outcome
 
@@ -374,6 +390,8 @@ def final_evaluation(
                 str(e.config["digest"]) for e in env.experiments if e.ok and "digest" in e.config
             ],
         )
+    except BrokenTask:
+        raise  # the task's fault, not the harness's: run_trial refuses it in one line
     except Exception as e:
         (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
         return None, _error_text(e)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servegym.errors import UserError
+from servegym.runner.preflight import check_task_runs
 from servegym.tasks.loader import (
     ORACLE_FILE,
     LoadedTask,
@@ -162,6 +163,10 @@ def validate_task(folder: Path, *, seeds: int = 1, schema_only: bool = False) ->
                 f"{folder / ORACLE_FILE}: missing (every task needs one)",
             )
         ]
+    try:
+        check_task_runs(loaded)  # the baseline launches (sim), the budget covers a start-up
+    except UserError as e:
+        return [CheckResult(loaded.id, "schema", False, e.message)]
     results = [
         CheckResult(
             loaded.id, "schema", True, "task.toml, instruction.md, oracle.toml load", short="ok"

@@ -14,6 +14,14 @@ A task is named by its folder under the shipped ``tasks/`` data folder
 
 A workload named by a relative path (``name = "workload.toml"``) is read from the task's
 folder; a bare name is a shipped workload.
+
+A task is data someone else wrote, so nothing it names may reach outside its folder: every
+task file (``task.toml``, ``instruction.md``, ``oracle.toml``), the workload file it names
+and that workload's trace must resolve, symlinks followed, inside the task's folder (the
+shipped ``workloads/`` folder for a shipped workload). A symlink out, ``../`` in
+``[workload] name`` or an absolute path is refused in one line naming the file or field,
+before anything is read: nothing outside is shown, written to a trajectory or sent to a
+model provider.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from pydantic import ValidationError
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.overrides import validation_message
-from servegym.paths import data_dir
+from servegym.paths import data_dir, inside, quoted
 from servegym.tasks.spec import Task
 from servegym.tomlfile import read_toml
 from servegym.workloads.spec import WorkloadSpec
@@ -70,9 +78,17 @@ def tasks_dir() -> Path:
 
 
 def task_folders(root: Path | None = None) -> list[Path]:
-    """Every folder under ``root`` (default: the shipped tasks) holding a ``task.toml``."""
+    """Every folder under ``root`` (default: the shipped tasks) holding a ``task.toml``. A
+    ``root`` given (``--root``) that is not a folder is refused, not listed as empty."""
     base = root if root is not None else tasks_dir()
-    if not base.is_dir():
+    try:
+        is_dir = base.is_dir()
+    except OSError as e:
+        raise UserError(f"--root: '{quoted(str(base))}': {e.strerror or e}") from None
+    if not is_dir:
+        if root is not None:
+            what = "not a folder" if base.exists() else "no such folder"
+            raise UserError(f"--root: {quoted(str(root))}: {what}")
         return []
     return sorted(p.parent for p in base.glob(f"*/{TASK_FILE}"))
 
@@ -100,24 +116,52 @@ def resolve_task_folder(
 ) -> Path:
     """The folder of a task named by id (under ``root``) or by a path to it or its task.toml."""
     text = str(id_or_path)
-    p = Path(text).expanduser()
     base = root if root is not None else tasks_dir()
     looks_like_path = isinstance(id_or_path, Path) or "/" in text or "\\" in text
-    if not looks_like_path and (base / text / TASK_FILE).is_file():
-        return base / text
-    if p.is_file() and p.name == TASK_FILE:
-        return p.parent
-    if p.is_dir() and (p / TASK_FILE).is_file():
-        return p
+    try:
+        p = Path(text).expanduser()
+        if not looks_like_path and (base / text / TASK_FILE).is_file():
+            return base / text
+        if p.is_file() and p.name == TASK_FILE:
+            return p.parent
+        if p.is_dir() and (p / TASK_FILE).is_file():
+            return p
+    except (OSError, RuntimeError) as e:  # a name too long for the file system, ...
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(f"{flag}: '{quoted(text)}': {why}") from None
     if looks_like_path:
-        raise UserError(f"{flag}: no task at {text} (expected a folder holding {TASK_FILE})")
+        raise UserError(
+            f"{flag}: no task at {quoted(text)} (expected a folder holding {TASK_FILE})"
+        )
     known = task_ids(root)
     listing = ", ".join(known) if known else f"none in {base}"
-    raise UserError(f"{flag}: unknown task '{text}' (known: {listing})")
+    raise UserError(f"{flag}: unknown task '{quoted(text)}' (known: {listing})")
+
+
+def task_file(folder: Path, name: str) -> Path:
+    """``folder / name``, refused in one line when it resolves outside ``folder`` (a
+    symlink out) or is not a regular file (a folder is left to the reader to name; a FIFO
+    or a device would hang or never end)."""
+    path = folder / name
+    if not path.is_symlink() and not path.exists():
+        return path  # missing: the reader says so
+    if not inside(path, folder):
+        try:
+            target = str(path.resolve())
+        except (OSError, RuntimeError):
+            target = "a path that does not resolve"
+        raise UserError(
+            f"{path}: resolves outside the task's folder (to {quoted(target)}); every file "
+            "of a task must lie inside its folder"
+        )
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise UserError(f"{path}: not a regular file")
+    return path
 
 
 def load_task_file(path: Path) -> Task:
-    """Read and validate one ``task.toml`` (schema only)."""
+    """Read and validate one ``task.toml`` (schema only; :func:`load_task_folder` also
+    confines it to its folder)."""
     raw = read_toml(path)
     try:
         return Task.model_validate(raw)
@@ -138,18 +182,40 @@ def workload_spec(loaded: LoadedTask, *, requests: int | None = None) -> tuple[W
     """The task's workload spec (overrides, request count and scale applied) and the folder
     a relative trace path is read from; ``requests`` replaces the task's request count (a
     quick experiment's). Errors name ``task.toml`` and ``workload``."""
-    from servegym.workloads.registry import load_spec
+    from servegym.workloads.registry import is_workload_path, load_spec, workloads_dir
+    from servegym.workloads.trace import resolve_path
 
     ref = loaded.task.workload
+    where = loaded.path / TASK_FILE
     name = ref.name
-    p = Path(name)
-    if (p.suffix == ".toml" or "/" in name) and not p.is_absolute():
-        name = str(loaded.path / p)
+    if is_workload_path(name) or name.startswith("~"):
+        p = Path(name)
+        if p.is_absolute() or name.startswith("~"):
+            raise UserError(
+                f"{where}: workload.name: '{quoted(name)}' is an absolute path; name a "
+                "shipped workload or a file inside the task's folder"
+            )
+        if not inside(loaded.path / p, loaded.path):
+            raise UserError(
+                f"{where}: workload.name: '{quoted(name)}' resolves outside the task's "
+                "folder; a task's workload file must lie inside it"
+            )
+        name, root, root_name = str(loaded.path / p), loaded.path, "the task's folder"
+    else:
+        root, root_name = workloads_dir(), "the shipped workloads folder"
     try:
         count = requests if requests is not None else ref.requests
-        return load_spec(name, ref.overrides, requests=count, scale=ref.scale)
+        spec, base_dir = load_spec(
+            name, ref.overrides, requests=count, scale=ref.scale, flag="workload.overrides"
+        )
     except UserError as e:
-        raise UserError(f"{loaded.path / TASK_FILE}: workload: {e.message}") from None
+        raise UserError(f"{where}: workload: {e.message}") from None
+    if spec.trace is not None and not inside(resolve_path(spec.trace, base_dir), root):
+        raise UserError(
+            f"{where}: workload: trace.path '{quoted(spec.trace.path)}' resolves outside "
+            f"{root_name}; a task's trace must lie inside it"
+        )
+    return spec, base_dir
 
 
 def _check_references(loaded: LoadedTask) -> None:
@@ -169,14 +235,14 @@ def _check_references(loaded: LoadedTask) -> None:
 
 def load_task_folder(folder: Path) -> LoadedTask:
     """Load the task in ``folder`` (see the module docstring for what is checked)."""
-    task_file = folder / TASK_FILE
-    task = load_task_file(task_file)
+    spec_file = task_file(folder, TASK_FILE)
+    task = load_task_file(spec_file)
     if task.id != folder.name:
         raise UserError(
-            f"{task_file}: bad value for 'id': '{task.id}' must equal the folder name "
+            f"{spec_file}: bad value for 'id': '{task.id}' must equal the folder name "
             f"'{folder.name}'"
         )
-    instruction_file = folder / INSTRUCTION_FILE
+    instruction_file = task_file(folder, INSTRUCTION_FILE)
     try:
         instruction = instruction_file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -187,7 +253,7 @@ def load_task_folder(folder: Path) -> LoadedTask:
         raise UserError(f"{instruction_file}: cannot read ({e})") from None
     if not instruction.strip():
         raise UserError(f"{instruction_file}: empty (the agent needs an instruction)")
-    oracle_file = folder / ORACLE_FILE
+    oracle_file = task_file(folder, ORACLE_FILE)
     oracle = load_oracle(oracle_file) if oracle_file.is_file() else None
     loaded = LoadedTask(task=task, instruction=instruction, oracle=oracle, path=folder)
     _check_references(loaded)

@@ -9,13 +9,16 @@ import shutil
 from pathlib import Path
 
 from servegym.errors import UserError
+from servegym.paths import quoted
 from servegym.tasks.loader import (
     INSTRUCTION_FILE,
     ORACLE_FILE,
     TASK_FILE,
     resolve_task_folder,
+    task_file,
     tasks_dir,
 )
+from servegym.tasks.spec import MAX_ID_LENGTH
 
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -93,6 +96,11 @@ max_num_batched_tokens = 16384
 def new_task(task_id: str, from_: str | None = None, root: Path | None = None) -> tuple[Path, str]:
     """Scaffold ``tasks/<task_id>/`` (from the template, or a copy of ``from_``); returns
     the folder and how it was made (``from the template``, ``copied from ID``)."""
+    if len(task_id) > MAX_ID_LENGTH:
+        raise UserError(
+            f"task new: bad id '{quoted(task_id)}': at most {MAX_ID_LENGTH} characters "
+            "(it names the task's folder)"
+        )
     if not _ID_RE.match(task_id):
         raise UserError(
             f"task new: bad id '{task_id}': use lowercase letters, digits, '.', '_' and '-', "
@@ -104,20 +112,27 @@ def new_task(task_id: str, from_: str | None = None, root: Path | None = None) -
         raise UserError(f"task new: '{task_id}' exists already ({folder}); pick another id")
     if from_ is not None:
         source = resolve_task_folder(from_, root, flag="--from")
-        text = (source / TASK_FILE).read_text(encoding="utf-8")
+        # Every file copied must lie inside the source task: a symlink out is refused
+        # (copying would follow it and write what it points at into the new task).
+        source_file = task_file(source, TASK_FILE)
+        try:
+            text = source_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{source_file}: cannot read ({e})") from None
         new_text, n = re.subn(
             r'^(\s*id\s*=\s*)(["\']).*?\2', rf'\g<1>"{task_id}"', text, count=1, flags=re.M
         )
         if n == 0:
             raise UserError(f"{source / TASK_FILE}: no 'id = \"...\"' line to rewrite")
+        copies = [
+            task_file(source, extra.name)
+            for extra in sorted(source.iterdir())
+            if extra.name != TASK_FILE and extra.is_file()
+        ]
         folder.mkdir(parents=True)
         (folder / TASK_FILE).write_text(new_text, encoding="utf-8")
-        for name in (INSTRUCTION_FILE, ORACLE_FILE):
-            if (source / name).is_file():
-                shutil.copyfile(source / name, folder / name)
-        for extra in sorted(source.iterdir()):
-            if extra.name not in (TASK_FILE, INSTRUCTION_FILE, ORACLE_FILE) and extra.is_file():
-                shutil.copyfile(extra, folder / extra.name)
+        for extra in copies:
+            shutil.copyfile(extra, folder / extra.name)
         made = f"copied from {source.name}"
     else:
         folder.mkdir(parents=True)

@@ -281,10 +281,15 @@ def track_names() -> list[str]:
 RATE_KINDS = ("max_rate_at_sla", "cost_at_sla")
 
 
+MAX_ID_LENGTH = 128
+"""The longest task id: it names the task's folder and its trial folders (a file name holds
+at most 255 bytes)."""
+
+
 class Task(_Strict):
     """One task (``tasks/<id>/task.toml``)."""
 
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=MAX_ID_LENGTH)
     title: str
     track: Track
     model: str

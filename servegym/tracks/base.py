@@ -88,7 +88,7 @@ class EvaluationSession(ABC):
 
     @abstractmethod
     async def start_baseline(self) -> StartedSide:
-        """Start the task's baseline; raise :class:`~servegym.errors.HarnessError` when it
+        """Start the task's baseline; raise :class:`~servegym.errors.BrokenTask` when it
         does not start (a broken task)."""
 
     @abstractmethod
@@ -161,6 +161,15 @@ class Track(ABC):
         pipeline task's: wrapped with the pipeline plug-in that runs on it). Default: the
         class made without arguments."""
         return cls()
+
+    @classmethod
+    def preflight(cls, loaded: LoadedTask) -> None:
+        """Check ``loaded`` before a trial runs anything or writes anything: raise
+        :class:`~servegym.errors.BrokenTask` when its baseline cannot start, a
+        :class:`~servegym.errors.UserError` for a budget no experiment fits in. Default:
+        nothing to check without starting a server (a real track learns that its baseline
+        does not start only when it starts it)."""
+        return None
 
     @abstractmethod
     def dev_session(self, loaded: LoadedTask, trial_seed: int) -> DevSession:

@@ -21,7 +21,7 @@ submission's mean recall@k over its runs must be at least the task's
 ``pipeline.min_recall`` (without one, ``accuracy.min_ratio`` of the baseline's), or the trial
 is ``accuracy_failed`` with the recall in the gate's detail. A submission whose server dies
 or stops answering mid-evaluation is ``crashed``; a baseline that does not run is a broken
-task (:class:`~servegym.errors.HarnessError`).
+task (:class:`~servegym.errors.BrokenTask`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from servegym.engines.config import ServingConfig
 from servegym.engines.knob_info import KnobInfo
 from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.process import read_tail
-from servegym.errors import HarnessError, UserError
+from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.pipeline.cpu.corpus import Question
 from servegym.pipeline.cpu.deploy import (
     CpuPipelineTask,
@@ -170,7 +170,7 @@ class CpuPipelineEvaluation(EvaluationSession):
         self.warm = asyncio.create_task(self.pool.warm())
         side = await self._deploy(self.task.baseline, "eval-baseline")
         if not side.up:
-            raise HarnessError(f"the task's baseline config does not run: {side.error}")
+            raise BrokenTask(f"the task's baseline config does not run: {side.error}")
         return side
 
     async def start_submission(self, submission: Any) -> StartedSide:
@@ -337,7 +337,7 @@ class CpuPipelineDevSession(RealDevSession):
         """The baseline's measurement and recall@k on the dev questions."""
         run, error, _ = self._dev_run(self.task.baseline, quick, f"dev-baseline{'-quick' * quick}")
         if run is None:
-            raise HarnessError(f"the task's baseline pipeline does not run: {error}")
+            raise BrokenTask(f"the task's baseline pipeline does not run: {error}")
         return DevBaseline(measure_run(self.task.objective, run), run.result.recall_at_k)
 
     def run(self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline) -> DevRun:

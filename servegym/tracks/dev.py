@@ -216,8 +216,9 @@ class DevWorkspace:
 
 class DevSession(ABC):
     """A track's agent phase (see the module docstring). Methods that measure raise
-    :class:`~servegym.errors.HarnessError` for the harness's own failures (a baseline that
-    does not run); a config that does not start is a :class:`DevRun` without a
+    :class:`~servegym.errors.HarnessError` for the harness's own failures and
+    :class:`~servegym.errors.BrokenTask` for a baseline that does not run (the task's fault);
+    a config that does not start is a :class:`DevRun` without a
     measurement."""
 
     tuning: Tuning = "config"

@@ -37,7 +37,7 @@ of each side's outputs with the reference model's on the scoring prompts
 (:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
 least the task's ``accuracy.min_ratio``. A submission whose server dies during the
 evaluation is ``crashed``; a baseline that does not run is a broken task
-(:class:`~servegym.errors.HarnessError`).
+(:class:`~servegym.errors.BrokenTask`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from servegym.engines.served import (
     benchmark_server,
     run_watched,
 )
-from servegym.errors import HarnessError, UserError
+from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
 from servegym.sandbox.egress import EgressWatch, descendants
@@ -223,7 +223,7 @@ class RealEvaluation(EvaluationSession):
         self.sides["baseline"] = self._side(server, None, None)
         proc, error = await _start(server)
         if proc is None:
-            raise HarnessError(f"the task's baseline config does not run: {error}")
+            raise BrokenTask(f"the task's baseline config does not run: {error}")
         self.sides["baseline"] = side = self._side(server, proc, None)
         return side
 
@@ -508,7 +508,7 @@ class RealDevSession(DevSession):
             self._server(self.task.baseline, f"dev-baseline{'-quick' * quick}"), quick
         )
         if not served.ok or not served.results:
-            raise HarnessError(
+            raise BrokenTask(
                 f"the task's baseline config does not run: {served.outcome}: {served.message}"
             )
         m = measure_run(self.task, served.results[0])

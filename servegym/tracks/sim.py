@@ -36,10 +36,10 @@ from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchError, launch
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
-from servegym.errors import HarnessError
+from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.pipeline.engine import launch_pipeline
 from servegym.scoring.objectives import ObjectiveMeasurement
-from servegym.tasks.loader import LoadedTask, workload_spec
+from servegym.tasks.loader import TASK_FILE, LoadedTask, workload_spec
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import RATE_KINDS, Task
 from servegym.tracks.base import (
@@ -128,6 +128,30 @@ class SimTrack(Track):
     def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
         return SimPipelineTrack() if loaded.task.pipeline is not None else cls()
 
+    @classmethod
+    def preflight(cls, loaded: LoadedTask) -> None:
+        """A launch is a pure function of the config, the model and the hardware, so the
+        baseline's is tried here; and the budget must cover one start-up of it (below that
+        no experiment can run, and since the experiment that crosses the limit completes, a
+        budget of 1 GPU-second would be overspent about 60x by the first one)."""
+        task = loaded.task
+        track = cls.for_task(loaded, TrackSetup())
+        assert isinstance(track, SimTrack)
+        model, hardware = SimTrack.profiles(task)
+        spec, _ = workload_spec(loaded)
+        try:
+            engine = track.launch(task, model, hardware, task.baseline, workload_family=spec.kind)
+        except LaunchError as e:
+            raise BrokenTask(f"the task's baseline config does not launch: {e.message}") from None
+        startup = engine.startup_s * engine.num_gpus
+        limit = task.budget.sim_gpu_seconds
+        if limit is not None and limit < startup:
+            raise UserError(
+                f"{loaded.path / TASK_FILE}: budget.sim_gpu_seconds = {limit:g} does not cover "
+                f"one start-up of the baseline ({startup:.1f} simulated GPU-seconds): no "
+                "experiment could run within it"
+            )
+
     def launch(
         self, task: Task, model: ModelProfile, hardware: HardwareProfile, config: ServingConfig,
         *, workload_family: str,
@@ -211,7 +235,7 @@ class SimEvaluation(EvaluationSession):
         try:
             engine = self._launch(self.task.baseline)
         except LaunchError as e:
-            raise HarnessError(f"the task's baseline config does not launch: {e.message}") from None
+            raise BrokenTask(f"the task's baseline config does not launch: {e.message}") from None
         return started(self.task, engine)
 
     async def start_submission(self, submission: Any) -> StartedSide:
@@ -298,7 +322,7 @@ class SimDevSession(DevSession):
         try:
             engine = self._launch(self.task.baseline)
         except LaunchError as e:
-            raise HarnessError(f"the task's baseline config does not launch: {e.message}") from None
+            raise BrokenTask(f"the task's baseline config does not launch: {e.message}") from None
         spec, base_dir = self.workloads.spec(quick)
         try:
             m = measure_objective(

@@ -33,6 +33,7 @@ from servegym.workloads.distributions import (
     sample_token_lengths,
     scale_length,
 )
+from servegym.workloads.footprint import check_footprint
 from servegym.workloads.model import Session, TokenArray, Turn
 from servegym.workloads.rng import stream
 from servegym.workloads.spec import AgenticSpec, WorkloadSpec
@@ -118,6 +119,7 @@ def agentic_sessions(
     if max_turns is not None:
         turns = np.minimum(turns, max_turns)
     n_turns = int(turns.sum())
+    check_footprint(spec, 0, n_turns)
     task = sample_token_lengths(a.task_tokens, n, stream(seed, f"{block}/agentic/task"), scale)
     reply = sample_token_lengths(
         a.reply_tokens, n_turns, stream(seed, f"{block}/agentic/reply"), scale
@@ -156,6 +158,7 @@ def agentic_sessions(
 
     p = spec.prompt
     sizes = np.array([b for _, _, b in plans], dtype=np.int64)
+    check_footprint(spec, int(sizes.sum()) + prefix_len, n_turns)
     pool = stream(seed, f"{block}/tokens").integers(
         p.token_id_low, p.token_id_high, size=int(sizes.sum()), dtype=np.int32
     )

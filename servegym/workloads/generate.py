@@ -33,6 +33,7 @@ from servegym.workloads.distributions import (
     scale_length,
     scale_lengths,
 )
+from servegym.workloads.footprint import check_footprint
 from servegym.workloads.model import Session, TokenArray, Turn, Workload
 from servegym.workloads.rng import check_seed, stream
 from servegym.workloads.spec import WorkloadSpec
@@ -102,6 +103,16 @@ def _single_turn_workload(spec: WorkloadSpec, seed: int, base_dir: Path | None) 
             offsets = arrival_offsets(spec.arrival, n, stream(seed, f"{block}/arrivals"))
             blocks.append((block, ins, outs, offsets))
 
+    prefix_len = len(prefixes[0]) if prefixes else 0
+    check_footprint(
+        spec,
+        sum(len(p) for p in prefixes)
+        + sum(
+            int(np.maximum(ins, prefix_len).sum()) - prefix_len * len(ins)
+            for _, ins, _, _ in blocks
+        ),
+        sum(len(ins) for _, ins, _, _ in blocks),
+    )
     sessions: list[Session] = []
     for block, ins, outs, offsets in blocks:
         sessions += _single_turn_sessions(
@@ -121,6 +132,7 @@ def _shared_prefixes(spec: WorkloadSpec, seed: int) -> list[TokenArray]:
     length = scale_length(sp.tokens, spec.scale)
     if length == 0:
         return []
+    check_footprint(spec, sp.groups * length, 0)
     p = spec.prompt
     rng = stream(seed, "shared_prefix")
     block = rng.integers(p.token_id_low, p.token_id_high, size=(sp.groups, length), dtype=np.int32)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from servegym.errors import UserError
 from servegym.overrides import apply_override, default_table, validation_message
-from servegym.paths import data_dir
+from servegym.paths import data_dir, inside, quoted
 from servegym.tomlfile import read_toml
 from servegym.workloads.spec import MAX_COUNT, MAX_SCALE, WorkloadSpec
 
@@ -52,18 +52,35 @@ def list_workloads() -> list[WorkloadInfo]:
     return infos
 
 
+def is_workload_path(name_or_path: str) -> bool:
+    """Whether a workload is named by a path (a ``.toml`` name, or one with a slash) rather
+    than as a shipped workload."""
+    return Path(name_or_path).suffix == ".toml" or "/" in name_or_path or "\\" in name_or_path
+
+
 def _resolve(name_or_path: str) -> Path:
-    p = Path(name_or_path).expanduser()
-    looks_like_path = p.suffix == ".toml" or "/" in name_or_path or "\\" in name_or_path
-    if looks_like_path:
-        if not p.is_file():
-            raise UserError(f"workload file not found: {name_or_path}")
-        return p
-    candidate = workloads_dir() / f"{name_or_path}.toml"
-    if candidate.is_file():
-        return candidate
+    """The workload file: a path as given, or a shipped workload's file (which must lie in
+    the shipped folder: a symlink out of it is refused). A name the file system cannot hold
+    (5,000 characters) is one line, not ``OSError``."""
+    try:
+        if is_workload_path(name_or_path):
+            p = Path(name_or_path).expanduser()
+            if not p.is_file():
+                raise UserError(f"workload file not found: {quoted(name_or_path)}")
+            return p
+        folder = workloads_dir()
+        candidate = folder / f"{name_or_path}.toml"
+        if candidate.is_file():
+            if not inside(candidate, folder):
+                raise UserError(
+                    f"{candidate}: resolves outside the shipped workloads folder ({folder})"
+                )
+            return candidate
+    except (OSError, RuntimeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(f"workload '{quoted(name_or_path)}': {why}") from None
     known = ", ".join(i.name for i in list_workloads()) or "(none)"
-    raise UserError(f"unknown workload '{name_or_path}'; known workloads: {known}")
+    raise UserError(f"unknown workload '{quoted(name_or_path)}'; known workloads: {known}")
 
 
 def load_spec(
@@ -72,6 +89,7 @@ def load_spec(
     *,
     requests: int | None = None,
     scale: float | None = None,
+    flag: str = "--set",
 ) -> tuple[WorkloadSpec, Path]:
     """Load a workload by name or path, apply overrides, and validate it.
 
@@ -80,13 +98,14 @@ def load_spec(
     ``num_requests`` (sessions, for an agentic workload, whose ``total_turns`` then scales in
     proportion: ``--requests 2`` on the 20-session ``agentic`` gives 2 sessions and about 100
     turns). ``scale`` sets ``scale``, which multiplies every token length. Every problem is a
-    one-line :class:`UserError`.
+    one-line :class:`UserError`; one an override causes names it as ``flag`` (``--set``,
+    ``--workload-set`` of ``servegym sim``, a task's ``workload.overrides``).
     """
     path = _resolve(name_or_path)
     raw = read_toml(path)
     raw.setdefault("name", path.stem)
     for override in overrides:
-        apply_override(raw, override, WorkloadSpec)
+        apply_override(raw, override, WorkloadSpec, flag)
     if requests is not None:
         if requests < 1:
             raise UserError(f"--requests must be at least 1, got {requests}")
@@ -109,5 +128,5 @@ def load_spec(
     try:
         spec = WorkloadSpec.model_validate(raw)
     except ValidationError as e:
-        raise UserError(validation_message(e, str(path), overrides)) from None
+        raise UserError(validation_message(e, str(path), overrides, flag=flag)) from None
     return spec, path.resolve().parent

@@ -18,6 +18,15 @@ MAX_LENGTH = 10_000_000
 context; 10M seconds of think time, 115 days). Draws past it are clamped to it."""
 MAX_COUNT = 10_000_000
 """The most requests, sessions, turns or prefix groups a workload may ask for."""
+MAX_MATERIALISED_BYTES = 4 * 2**30
+"""The most memory a materialised workload may take (4 GiB): what
+:func:`~servegym.workloads.generate.materialise` refuses past, in one line, before it
+allocates (10M requests of 1,000 prompt tokens would take 47 GiB)."""
+BYTES_PER_TOKEN = 4
+"""A prompt token id is an int32."""
+BYTES_PER_TURN = 1024
+"""What one request (a turn of a session) costs in Python objects and its summary arrays,
+measured: 1M one-token requests materialise and summarise in 1.1 GiB."""
 MAX_SCALE = 1000.0
 """The largest ``scale`` (the multiplier of every token length)."""
 MAX_TOKEN_ID = 2**31
@@ -46,10 +55,12 @@ class LengthDistribution(_Strict):
     """
 
     dist: DistKind = "fixed"
-    value: float | None = Field(default=None, le=MAX_LENGTH)
-    low: float | None = Field(default=None, le=MAX_LENGTH)
-    high: float | None = Field(default=None, le=MAX_LENGTH)
-    mean: float | None = Field(default=None, le=MAX_LENGTH)
+    # A length (or a think time) is never negative: a negative parameter is refused, naming
+    # the field, rather than drawn and clamped to 1 without a word.
+    value: float | None = Field(default=None, ge=0, le=MAX_LENGTH)
+    low: float | None = Field(default=None, ge=0, le=MAX_LENGTH)
+    high: float | None = Field(default=None, ge=0, le=MAX_LENGTH)
+    mean: float | None = Field(default=None, ge=0, le=MAX_LENGTH)
     std: float | None = Field(default=None, le=MAX_LENGTH)
     median: float | None = Field(default=None, le=MAX_LENGTH)
     sigma: float | None = Field(default=None, le=100)
@@ -58,8 +69,8 @@ class LengthDistribution(_Strict):
     tail_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     tail_start: float | None = Field(default=None, le=MAX_LENGTH)
     tail_alpha: float | None = None
-    min: float | None = Field(default=None, le=MAX_LENGTH)
-    max: float | None = Field(default=None, le=MAX_LENGTH)
+    min: float | None = Field(default=None, ge=0, le=MAX_LENGTH)
+    max: float | None = Field(default=None, ge=0, le=MAX_LENGTH)
 
     @model_validator(mode="after")
     def _check_parameters(self) -> LengthDistribution:

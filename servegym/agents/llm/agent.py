@@ -14,6 +14,14 @@ end the loop once reached (the call that crosses a cap completes).
 The loop ends when the model answers without a tool call, after ``max_turns`` model calls,
 or when the provider stays down (the last submission stands and is scored as usual).
 
+A model call waits at most ``provider_timeout_s`` a request (``--provider-timeout``, 120 s by
+default) and sends at most ``provider_tries`` requests (``--provider-tries``, 3): a hung
+provider, a 5xx or a garbage answer is retried, then the provider is unavailable and the
+phase ends ``provider_unavailable``. The time spent waiting on the provider (answers,
+timeouts and backoff alike) is charged to a wall-clock budget: on a real track through the
+environment's ``charge_wall_seconds``; on the sim track a ``budget.wall_seconds`` counts wall
+time anyway.
+
 Every model call and tool call is appended to ``trajectory.jsonl`` as it happens (the trial
 sets :attr:`LLMAgent.trajectory_path`); tokens and dollars are summed in
 :attr:`LLMAgent.cost`.
@@ -44,7 +52,15 @@ from servegym.agents.llm.tools import call_tool, tools_for
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.providers.choose import choose_provider
-from servegym.providers.clients import Provider, ProviderUnavailable, RetryPolicy
+from servegym.providers.clients import (
+    DEFAULT_PROVIDER_TIMEOUT_S,
+    DEFAULT_PROVIDER_TRIES,
+    MAX_PROVIDER_TIMEOUT_S,
+    Provider,
+    ProviderError,
+    ProviderUnavailable,
+    RetryPolicy,
+)
 from servegym.providers.cost import cost_of
 from servegym.providers.types import (
     Message,
@@ -65,7 +81,11 @@ class Settings:
     max_tokens: int = 4096
     temperature: float | None = None
     reasoning_effort: str | None = None
-    max_retries: int = 6
+    provider_timeout_s: float = DEFAULT_PROVIDER_TIMEOUT_S
+    """Seconds one request to the provider may take before it is abandoned (and retried)."""
+    provider_tries: int = DEFAULT_PROVIDER_TRIES
+    """Requests sent for one model call at most (the first and its retries); then the
+    provider is unavailable and the agent phase ends."""
     retry_base_delay_s: float = 1.0
     context_tokens: int = 128_000
     """The model's context window: older tool results are shortened near it."""
@@ -73,8 +93,19 @@ class Settings:
     """A cap on tokens (input + output, all calls); the task's own cap applies as well."""
     max_agent_dollars: float | None = None
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.provider_tries, int) and self.provider_tries >= 1):
+            raise UserError(f"--provider-tries must be at least 1, got {self.provider_tries}")
+        if not (0 < self.provider_timeout_s <= MAX_PROVIDER_TIMEOUT_S):
+            raise UserError(
+                f"--provider-timeout must be in (0, {MAX_PROVIDER_TIMEOUT_S:g}] seconds, "
+                f"got {self.provider_timeout_s}"
+            )
+
     def retry(self) -> RetryPolicy:
-        return RetryPolicy(max_retries=self.max_retries, base_delay_s=self.retry_base_delay_s)
+        return RetryPolicy(
+            max_retries=self.provider_tries - 1, base_delay_s=self.retry_base_delay_s
+        )
 
 
 class AgentCost(BaseModel):
@@ -101,7 +132,9 @@ class LLMAgent(AgentBase):
         self.cost = AgentCost(model=model)
         self.outcome = "not_started"
         """How the agent phase ended: ``finished`` (the model stopped calling tools),
-        ``max_turns``, ``provider_unavailable``, ``token_budget`` or ``dollar_budget``."""
+        ``max_turns``, ``provider_unavailable`` (retries spent), ``provider_error`` (the
+        provider refused the request: a bad key, a bad request), ``token_budget``,
+        ``dollar_budget``, or ``crashed`` (the loop raised)."""
         self.error: str | None = None
         self._trajectory: IO[str] | None = None
         self._t0 = 0.0
@@ -159,8 +192,6 @@ class LLMAgent(AgentBase):
         desc = env.describe()
         tuning = desc.tuning
         system = load_prompt(f"system_{tuning}.md")
-        tools = tools_for(tuning)
-        baseline = ServingConfig.model_validate(desc.baseline)
         first = (
             "Start with describe_task."
             if tuning == "config"
@@ -172,61 +203,92 @@ class LLMAgent(AgentBase):
                 f"({'higher' if desc.higher_is_better else 'lower'} is better)."
             )
         ]
-        s = self.settings
         self.outcome = "max_turns"
         provider = self.make_provider()
         try:
-            for _ in range(s.max_turns):
-                if (spent := self._over_budget(desc)) is not None:
-                    self.outcome = spent
-                    self._log(spent, cost=self.cost.model_dump())
-                    return
-                self._log("request", messages=len(messages))
-                try:
-                    turn = await provider.complete(
-                        system,
-                        messages,
-                        tools,
-                        max_tokens=s.max_tokens,
-                        temperature=s.temperature,
-                        reasoning_effort=s.reasoning_effort,
-                    )
-                except ProviderUnavailable as e:
-                    self.outcome, self.error = "provider_unavailable", str(e)
-                    self._log("provider_unavailable", error=str(e))
-                    return
-                self._count(turn.usage)
-                self._log(
-                    "model",
-                    text=turn.text,
-                    tool_calls=[c.model_dump() for c in turn.tool_calls],
-                    usage=turn.usage.model_dump(),
-                    latency_s=turn.latency_s,
-                    attempts=turn.attempts,
-                    stop_reason=turn.stop_reason,
-                )
-                messages.append(turn.to_message())
-                if not turn.tool_calls:
-                    self.outcome = "finished"
-                    return
-                results = []
-                for call in turn.tool_calls:
-                    out = await asyncio.to_thread(call_tool, env, tuning, baseline, call)
-                    content = out.content
-                    self._log(
-                        "tool", name=call.name, arguments=call.arguments, result=content,
-                        is_error=out.is_error,
-                    )  # fmt: skip
-                    results.append(
-                        ToolResult(tool_call_id=call.id, content=content, is_error=out.is_error)
-                    )
-                messages.append(ToolResultsMessage(results=results))
-                context = turn.usage.input_tokens + turn.usage.output_tokens
-                if needs_trimming(context, s.context_tokens):
-                    messages, removed = shorten_old_results(messages)
-                    self._log("context_trimmed", context_tokens=context, chars_removed=removed)
+            await self._loop(env, provider, desc, system, messages)
+        except ProviderError as e:  # refused for good (a bad key, a bad request)
+            self.outcome, self.error = "provider_error", str(e)
+            self._log("provider_error", error=str(e))
+            raise
+        except BaseException:
+            self.outcome = "crashed"  # agent_outcome agrees with the trial's ``crashed``
+            raise
         finally:
             await provider.aclose()
+
+    def _charge_wait(self, env: TaskEnvironment, seconds: float) -> None:
+        """Charge the time spent waiting on the provider to the task's wall-clock budget,
+        where the environment keeps one apart from the clock (a real track's counts its
+        experiments' seconds; the sim track's ``budget.wall_seconds`` is the clock's)."""
+        charge = getattr(env, "charge_wall_seconds", None)
+        if callable(charge):
+            charge(seconds)
+
+    async def _loop(
+        self,
+        env: TaskEnvironment,
+        provider: Provider,
+        desc: TaskDescription,
+        system: str,
+        messages: list[Message],
+    ) -> None:
+        s = self.settings
+        tuning = desc.tuning
+        tools = tools_for(tuning)
+        baseline = ServingConfig.model_validate(desc.baseline)
+        for _ in range(s.max_turns):
+            if (spent := self._over_budget(desc)) is not None:
+                self.outcome = spent
+                self._log(spent, cost=self.cost.model_dump())
+                return
+            self._log("request", messages=len(messages))
+            asked = time.monotonic()
+            try:
+                turn = await provider.complete(
+                    system,
+                    messages,
+                    tools,
+                    max_tokens=s.max_tokens,
+                    temperature=s.temperature,
+                    reasoning_effort=s.reasoning_effort,
+                )
+            except ProviderUnavailable as e:
+                self.outcome, self.error = "provider_unavailable", str(e)
+                self._log("provider_unavailable", error=str(e))
+                return
+            finally:
+                self._charge_wait(env, time.monotonic() - asked)
+            self._count(turn.usage)
+            self._log(
+                "model",
+                text=turn.text,
+                tool_calls=[c.model_dump() for c in turn.tool_calls],
+                usage=turn.usage.model_dump(),
+                latency_s=turn.latency_s,
+                attempts=turn.attempts,
+                stop_reason=turn.stop_reason,
+            )
+            messages.append(turn.to_message())
+            if not turn.tool_calls:
+                self.outcome = "finished"
+                return
+            results = []
+            for call in turn.tool_calls:
+                out = await asyncio.to_thread(call_tool, env, tuning, baseline, call)
+                content = out.content
+                self._log(
+                    "tool", name=call.name, arguments=call.arguments, result=content,
+                    is_error=out.is_error,
+                )  # fmt: skip
+                results.append(
+                    ToolResult(tool_call_id=call.id, content=content, is_error=out.is_error)
+                )
+            messages.append(ToolResultsMessage(results=results))
+            context = turn.usage.input_tokens + turn.usage.output_tokens
+            if needs_trimming(context, s.context_tokens):
+                messages[:], removed = shorten_old_results(messages)
+                self._log("context_trimmed", context_tokens=context, chars_removed=removed)
 
 
 # --- registration: "<provider>:<model>" ----------------------------------------------------
@@ -282,5 +344,8 @@ def _model_agent(
     choice = choose_provider(kind, model, base_url, api_key_env)
     settings = _settings(options)
     return LLMAgent(
-        f"{kind}:{choice.model}", choice.model, lambda: choice.make(settings.retry()), settings
+        f"{kind}:{choice.model}",
+        choice.model,
+        lambda: choice.make(settings.retry(), timeout_s=settings.provider_timeout_s),
+        settings,
     )
