@@ -2,11 +2,16 @@
 pipeline deployment: :func:`servegym.pipeline.engine.launch_task`) and is measured in
 virtual time.
 
-In the final evaluation every pair runs the same scoring workload (the task's spec at the
-hidden scoring seed), each run with its own noise seed
-(``stable_seed("score-<role>", task, scoring seed, i)``), so the pairs vary as repeated runs
-on a real GPU do; rate searches start, for both sides, at the rate the first baseline run
-found. A side's accuracy is the launch's modelled accuracy; a side costs the task's price
+In the final evaluation pair ``i`` runs its own sample of the scoring workload (the task's
+spec at :func:`~servegym.tracks.base.pair_seed` of the hidden scoring seed, as the real
+tracks do), each run with its own noise seed
+(``stable_seed("score-<role>", task, scoring seed, i)``), so the pairs vary as the workload
+and repeated runs on a real GPU do, and a trial's interval covers both. Rate searches start,
+for the first pair, at the geometric middle of the range (baseline) and at the rate the
+baseline found (submission), bracketing by factors of 2; for every later pair at the rate
+that side found on the first pair, bracketing by :data:`NEAR_BRACKET` (a sample moves a
+side's rate by a few percent, so a narrow bracket finds it in fewer probes). A side's
+accuracy is the launch's modelled accuracy; a side costs the task's price
 per GPU-hour (default: the hardware profile's) for every GPU it occupies.
 """
 
@@ -20,7 +25,7 @@ from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from servegym.errors import HarnessError
 from servegym.pipeline.engine import launch_task
-from servegym.scoring.objectives import ObjectiveMeasurement
+from servegym.scoring.objectives import RATE_BRACKET_FACTOR, ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, workload_spec
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
@@ -30,9 +35,14 @@ from servegym.tracks.base import (
     SampleInfo,
     StartedSide,
     Track,
+    pair_seed,
 )
 from servegym.tracks.sim_measure import SimEngine, measure_objective, task_price
 from servegym.workloads.generate import materialise
+
+NEAR_BRACKET = 1.05
+"""The bracketing factor of a rate search that starts at the same side's rate on another
+sample of the workload."""
 
 
 def first_rate(m: ObjectiveMeasurement) -> float | None:
@@ -84,12 +94,18 @@ class SimEvaluation(EvaluationSession):
         self.scoring_seed = scoring_seed
         self.model, self.hardware = SimTrack.profiles(task)
         self.spec, self.base_dir = workload_spec(loaded)
-        self.workload = materialise(self.spec, scoring_seed, base_dir=self.base_dir)
+        self.seeds = [pair_seed(scoring_seed, i) for i in range(task.evaluation.repeats)]
+        self.workloads = [materialise(self.spec, s, base_dir=self.base_dir) for s in self.seeds]
+        first = self.workloads[0]
         self.sample = SampleInfo(
-            self.workload.spec.name, self.workload.spec.num_requests, self.workload.content_hash()
+            first.spec.name,
+            first.spec.num_requests,
+            first.content_hash(),
+            tuple(w.content_hash() for w in self.workloads),
         )
         self.min_accuracy = task.accuracy.min_ratio
         self.hint: float | None = None
+        self.first_rates: dict[Role, float | None] = {}
 
     def _launch(self, config: ServingConfig) -> SimEngine:
         return launch_task(
@@ -113,18 +129,24 @@ class SimEvaluation(EvaluationSession):
 
     async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
         assert isinstance(side, SimSide) and side.engine is not None
+        hint, bracket = self.hint, RATE_BRACKET_FACTOR
+        if i > 0 and self.first_rates.get(role) is not None:
+            hint, bracket = self.first_rates[role], NEAR_BRACKET
         m = measure_objective(
             self.task,
             side.engine,
             self.spec,
-            self.scoring_seed,
+            self.seeds[i],
             stable_seed(f"score-{role}", self.task.id, self.scoring_seed, i),
             base_dir=self.base_dir,
-            workload=self.workload,
-            rate_hint=self.hint,
+            workload=self.workloads[i],
+            rate_hint=hint,
+            bracket_factor=bracket,
         )
-        if role == "baseline" and i == 0:
-            self.hint = first_rate(m)
+        if i == 0:
+            self.first_rates[role] = first_rate(m)
+            if role == "baseline":
+                self.hint = first_rate(m)
         return m
 
     def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
