@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_agents_baselines import ACCURACY, FakeEnv
+
 from servegym.agents.base import agent_names, make_agent
 from servegym.agents.checklist import ChecklistAgent, effective_baseline, moves
 from servegym.agents.search_space import load_search_space
 from servegym.engines.config import ServingConfig
 from servegym.runner.trial import run_trial
-from test_agents_baselines import ACCURACY, FakeEnv
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 
