@@ -70,8 +70,8 @@ class ObjectiveSpec(_Strict):
         default=1200,
         ge=50,
         le=100_000,
-        description="requests (sessions, on an agentic workload) one probe of the rate search "
-        "sends as one steady Poisson stream",
+        description="requests one probe of the rate search sends as one steady Poisson "
+        "stream (on an agentic workload, sessions enough for about that many turns)",
     )
     rate_warmup: float = Field(
         default=0.2,

@@ -227,6 +227,17 @@ class _Measurer:
         self.spent += self._plain.sim_seconds
         return self._plain, True
 
+    def _probe_arrivals(self, requests: int) -> int:
+        """How many arrivals a probe sends for ``requests`` requests: that many on a
+        single-turn workload; on an agentic one, sessions enough for about that many turns
+        (its arrivals are sessions), at least 10."""
+        if self.spec.kind != "agentic":
+            return requests
+        wl = self.workload or materialise(self.spec, self.seed, base_dir=self.base_dir)
+        measured = wl.sessions[wl.warmup_sessions :]
+        turns = sum(len(s.turns) for s in measured) / max(len(measured), 1)
+        return max(10, round(requests / max(turns, 1.0)))
+
     def rate_search(self, objective: ObjectiveSpec) -> tuple[_RateResult, bool]:
         key = (
             objective.rate_min,
@@ -239,9 +250,10 @@ class _Measurer:
         if key in self._searches:
             return self._searches[key], False
         runs: dict[float, SimMeasurement] = {}
+        arrivals = self._probe_arrivals(objective.rate_requests)
 
         def attainment_at(rate: float) -> float:
-            probe = steady_spec(self.spec, rate, objective.rate_requests)
+            probe = steady_spec(self.spec, rate, arrivals)
             wl = materialise(probe, self.seed, base_dir=self.base_dir)
             m = run_steady(
                 self.engine,
