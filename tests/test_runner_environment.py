@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -158,7 +159,10 @@ def test_gpu_seconds_the_crossing_experiment_completes_then_none_start(
 
 def test_a_rate_search_stops_when_the_budget_runs_out() -> None:
     loaded = with_budget(load_task("tiny-maxrate", TASKS), sim_gpu_seconds=60.0)
-    env = TrackEnvironment(loaded)
+    # Probes of 150 requests (the default 1,200 make one probe cost what this bound allows).
+    objective = loaded.task.objective.model_copy(update={"rate_requests": 150})
+    task = loaded.task.model_copy(update={"objective": objective})
+    env = TrackEnvironment(dataclasses.replace(loaded, task=task))
     # One GPU-slot per request: low rates only, so every probe is long.
     r = env.run_experiment(ServingConfig(max_num_seqs=1))
     assert r.ok and r.log_tail == TRUNCATED_NOTE

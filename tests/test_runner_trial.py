@@ -347,6 +347,10 @@ def test_trial_json_layout(tmp_path: Path) -> None:
     assert set(data["gates"]) == {"launch", "accuracy", "integrity"}
     assert data["baseline"]["metrics"]["completed"] == 40
     assert data["evaluation"]["repeats"] == 5 and data["evaluation"]["workload_hash"]
+    # Every pair draws its own sample of the scoring workload; the first is workload_hash.
+    hashes = data["evaluation"]["pair_workload_hashes"]
+    assert len(hashes) == 5 == len(set(hashes))
+    assert hashes[0] == data["evaluation"]["workload_hash"]
     assert read_trial(folder / TRIAL_FILE).score == data["score"]
     assert not list(folder.glob("*.tmp"))
 

@@ -240,7 +240,10 @@ def test_cost_at_sla_is_price_over_output_rate() -> None:
     one = measure_objective(loaded.task, engine_for(loaded, ServingConfig()), spec, 5, 11)
     assert one.feasible and one.value is not None and one.metrics is not None
     price = launch(loaded.task.model, loaded.task.hardware).hardware.price_per_hour
-    expected = price / 3600 / one.metrics.output_throughput * 1e6
+    # In steady state the served token rate is the offered one: the rate found times a
+    # request's output tokens (every request of the window completes).
+    assert one.rate is not None and one.metrics.failed == 0
+    expected = price / 3600 / (one.rate * one.metrics.mean_output_tokens) * 1e6
     assert one.value == pytest.approx(expected, rel=1e-6)
     assert not one.higher_is_better
     two = measure_objective(
@@ -287,3 +290,25 @@ def test_at_rate_sets_poisson_arrivals() -> None:
     s = at_rate(spec, 12.5)
     assert s.arrival.kind == "poisson" and s.arrival.rate == 12.5
     assert s.num_requests == spec.num_requests
+
+
+def test_search_needs_the_run_to_keep_up_and_a_narrow_bracket_finds_the_same_rate() -> None:
+    # Attainment alone would pass up to 40; the backlog grows above 10.
+    def attainment(rate: float) -> float:
+        return 1.0 if rate <= 40.0 else 0.0
+
+    def kept_up(rate: float) -> bool:
+        return rate <= 10.0
+
+    kw = {"rate_min": 0.5, "rate_max": 200.0, "target": 0.9, "tolerance": 0.01}
+    alone = search_max_rate(attainment, **kw)  # type: ignore[arg-type]
+    assert alone.rate is not None and 40.0 / 1.01 <= alone.rate <= 40.0
+    both = search_max_rate(attainment, kept_up=kept_up, **kw)  # type: ignore[arg-type]
+    assert both.rate is not None and 10.0 / 1.01 <= both.rate <= 10.0
+    assert all(p.passed == (p.rate <= 10.0) for p in both.probes)
+    assert any(p.kept_up is False and p.attainment == 1.0 for p in both.probes)
+    near = search_max_rate(attainment, kept_up=kept_up, start=9.5, bracket_factor=1.05, **kw)  # type: ignore[arg-type]
+    assert near.rate is not None and 10.0 / 1.01 <= near.rate <= 10.0
+    assert len(near.probes) < len(both.probes)
+    with pytest.raises(ValueError):
+        search_max_rate(attainment, bracket_factor=1.0, **kw)  # type: ignore[arg-type]

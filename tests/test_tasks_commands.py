@@ -12,7 +12,7 @@ from rich.console import Console
 
 from servegym.cli.task import task_list, task_new, task_show, task_validate
 from servegym.errors import UserError
-from servegym.runner.validate import check_nop, check_oracle, validate_task
+from servegym.runner.validate import check_checklist, check_nop, check_oracle, validate_task
 from servegym.tasks.loader import load_task, load_task_folder, tasks_dir
 
 
@@ -142,15 +142,31 @@ def test_validate_runs_the_nop_and_oracle_checks(tmp_path: Path) -> None:
     assert nop.passed, nop.detail
     assert oracle.passed, oracle.detail
     c = console()
-    assert task_validate(["tiny"], c, root=tmp_path) == 0
+    assert task_validate(["tiny"], c, root=tmp_path, checklist=False) == 0
     assert "all 1 tasks valid" in c.export_text()
+
+
+def test_validate_fails_a_task_the_checklist_solves(tmp_path: Path) -> None:
+    # The scaffold's oracle is a generic win the checklist agent finds on its own.
+    folder = small_task(tmp_path)
+    c = console()
+    assert task_validate(["tiny"], c, root=tmp_path) == 1
+    out = c.export_text()
+    assert "1 failed check" in out and "of the oracle (reaches 90%)" in out
+    # With a budget of one experiment the checklist keeps the baseline: far below the oracle.
+    toml = folder / "task.toml"
+    text = re.sub(r"^max_experiments = \d+", "max_experiments = 1", toml.read_text(), flags=re.M)
+    toml.write_text(text)
+    result = check_checklist(load_task_folder(folder))
+    assert result.passed, result.detail
+    assert "(below 90%)" in result.detail
 
 
 def test_validate_fails_an_oracle_that_does_not_beat_the_baseline(tmp_path: Path) -> None:
     folder = small_task(tmp_path)
     (folder / "oracle.toml").write_text("enforce_eager = true\n")  # slower, not faster
     c = console()
-    assert task_validate(["tiny"], c, root=tmp_path) == 1
+    assert task_validate(["tiny"], c, root=tmp_path, checklist=False) == 1
     out = c.export_text()
     assert "1 failed check" in out and "oracle scores" in out
     # An oracle the accuracy gate refuses names the gate.

@@ -261,6 +261,7 @@ AGENTS: Registry[Callable[..., Agent]] = Registry(
     group="servegym.agents",
     builtins={
         **dict.fromkeys(("default", "random", "tpe"), "servegym.agents.baselines"),
+        "checklist": "servegym.agents.checklist",
         **dict.fromkeys(("anthropic", "openai", "openai-compatible"), "servegym.agents.llm.agent"),
         **dict.fromkeys(
             ("claude-code", "codex", "gemini-cli", "opencode"), "servegym.agents.cli.agent"

@@ -239,6 +239,7 @@ def task_validate(
     root: Path | None = None,
     seeds: int = 1,
     schema_only: bool = False,
+    checklist: bool = True,
 ) -> int:
     """Validate the named tasks (all when none); print the checks; return the exit code
     (0: every check passed, 1: some failed). Unknown ids raise :class:`UserError`."""
@@ -258,7 +259,9 @@ def task_validate(
         bar: TaskID = progress.add_task("validating", total=len(folders))
         for folder in folders:
             progress.update(bar, description=f"validating {folder.name}")
-            results.extend(validate_task(folder, seeds=seeds, schema_only=schema_only))
+            results.extend(
+                validate_task(folder, seeds=seeds, schema_only=schema_only, checklist=checklist)
+            )
             progress.advance(bar)
     failures = [r for r in results if not r.passed]
     console.print(render_validation(results, len(folders)))
@@ -315,18 +318,30 @@ def validate_command(
         int, typer.Option("--seeds", min=1, help="scoring workloads per check (trial seeds)")
     ] = 1,
     schema_only: Annotated[
-        bool, typer.Option("--schema-only", help="skip the nop and oracle checks")
+        bool, typer.Option("--schema-only", help="skip the nop, oracle and checklist checks")
     ] = False,
+    checklist: Annotated[
+        bool,
+        typer.Option(
+            "--checklist/--no-checklist", help="run the checklist agent against the oracle"
+        ),
+    ] = True,
     root: RootOption = None,
 ) -> None:
-    """Check tasks: schema and oracle.toml; on sim tasks the nop and oracle checks.
+    """Check tasks: schema and oracle.toml; on sim tasks the nop, oracle and checklist checks.
 
     The nop check: the baseline config scores 1.0 within evaluation.nop_tolerance. The
     oracle check: oracle.toml scores at least evaluation.oracle_min_score. Both run the
-    final evaluation on the scoring workloads of trial seeds 0 .. seeds-1.
+    final evaluation on the scoring workloads of trial seeds 0 .. seeds-1. The checklist
+    check (simulated tasks): the checklist agent's trials score below 90% of the oracle's.
     """
     code = task_validate(
-        task_ids or [], stdout_console, root=root, seeds=seeds, schema_only=schema_only
+        task_ids or [],
+        stdout_console,
+        root=root,
+        seeds=seeds,
+        schema_only=schema_only,
+        checklist=checklist,
     )
     if code:
         raise typer.Exit(code)

@@ -7,8 +7,9 @@ starts both sides itself (nothing of the agent phase carries over) and measures 
 pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats. The order
 (gates, baseline, submission, warm-up, pairs, crash handling, accuracy, integrity,
 conclusion) is this module's; how a side starts and is measured is the track's
-(:mod:`servegym.tracks`): on the simulator every pair runs the same workload with its own
-noise seeds, on real servers each pair its own workload sample.
+(:mod:`servegym.tracks`). On every track each pair runs its own sample of the scoring
+workload (:func:`servegym.tracks.base.pair_seed`), so a trial's interval covers the
+workload's sample-to-sample variation as well as run noise.
 
 Pair ``i`` gives the improvement ratio ``r_i`` of the objective
 (:func:`servegym.scoring.objectives.measurement_improvement`); the score is the geometric
@@ -307,6 +308,7 @@ async def _evaluate(
     _integrity_findings(gate, found, note)
 
     summary.components = compare_components(pairs)
+    info.pair_workload_hashes = list(session.sample.pair_hashes[: len(pairs)])
     info.sim_seconds = sum(b.sim_seconds + (s.sim_seconds if s else 0.0) for b, s in pairs)
     subs = [s for _, s in pairs if s is not None]
     baseline_side = _side(task.baseline, base, [b for b, _ in pairs], base_acc)

@@ -183,6 +183,11 @@ class EvaluationInfo(_Model):
     workload: str | None = None
     requests: int | None = None
     workload_hash: str | None = None
+    pair_workload_hashes: list[str] = Field(
+        default_factory=list,
+        description="the workload sample of each pair measured, in pair order (the first is "
+        "workload_hash): every pair draws its own sample of the scoring workload",
+    )
     bootstrap_samples: int | None = None
     sim_seconds: float = Field(default=0.0, description="virtual seconds the harness simulated")
 

@@ -6,6 +6,13 @@ baseline config scores 1.0 within ``evaluation.nop_tolerance``) and the **oracle
 final evaluation (:func:`servegym.runner.evaluation.evaluate`, on the task's track) on the scoring
 workloads of trial seeds ``0 .. seeds-1``. A real-track task on a machine without its track
 gets the two checks skipped, saying why.
+
+Then the **checklist check** (:func:`check_checklist`): the ``checklist`` baseline agent
+(:mod:`servegym.agents.checklist`: generic wins tried one at a time, then combined) runs a
+whole trial per seed, and the task fails when its score reaches :data:`CHECKLIST_MAX_SHARE`
+of the oracle's (geometric means over the seeds): a task a checklist nearly solves does not
+measure reasoning. It runs on simulated tasks only (on a real track an agent phase takes
+hours); elsewhere it is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -148,8 +155,63 @@ def check_oracle(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     )
 
 
-def validate_task(folder: Path, *, seeds: int = 1, schema_only: bool = False) -> list[CheckResult]:
-    """Every check of the task in ``folder`` (schema first; the rest only if it loads)."""
+CHECKLIST_MAX_SHARE = 0.9
+"""A task fails the checklist check when the checklist agent scores at least this share of
+the oracle's score."""
+
+
+def _geomean(values: list[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+def check_checklist(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
+    """The ``checklist`` agent's trial scores below :data:`CHECKLIST_MAX_SHARE` of the
+    oracle's score (each the geometric mean over trial seeds ``0 .. seeds-1``; a trial that
+    is not scored counts 1.0, as on the leaderboard)."""
+    import tempfile
+
+    from servegym.errors import HarnessError
+    from servegym.runner.trial import run_trial
+
+    t = loaded.task
+    if not t.traits.simulated:
+        note = "runs on simulated tasks only (an agent phase on real servers takes hours)"
+        return CheckResult(t.id, "checklist", True, note, skipped=True, short="skipped")
+    if loaded.oracle is None:
+        return CheckResult(t.id, "checklist", False, f"no {ORACLE_FILE} to compare with")
+    ours: list[float] = []
+    theirs: list[float] = []
+    with tempfile.TemporaryDirectory(prefix=f"servegym-checklist-{t.id}-") as tmp:
+        for trial_seed, seed in _scoring_seeds(loaded, seeds):
+            try:
+                oracle = _evaluate(loaded, loaded.oracle.model_copy(deep=True), seed)
+            except HarnessError as e:
+                return CheckResult(t.id, "checklist", False, str(e))
+            if oracle.score is None:
+                why = f"the oracle is not scored on seed {trial_seed} ({oracle.outcome})"
+                return CheckResult(t.id, "checklist", False, why, short="no oracle score")
+            result = run_trial(loaded, "checklist", trial_seed, Path(tmp), force=True)
+            ours.append(result.leaderboard_score)
+            theirs.append(oracle.score)
+    mine, best = _geomean(ours), _geomean(theirs)
+    share = mine / best
+    ok = share < CHECKLIST_MAX_SHARE
+    verdict = "below" if ok else "reaches"
+    detail = (
+        f"checklist scores {', '.join(f'{s:.3f}' for s in ours)}, the oracle "
+        f"{', '.join(f'{s:.3f}' for s in theirs)}: {share:.0%} of the oracle ({verdict} "
+        f"{CHECKLIST_MAX_SHARE:.0%})"
+    )
+    return CheckResult(t.id, "checklist", ok, detail, short=f"{mine:.3f} = {share:.0%} of oracle")
+
+
+def validate_task(
+    folder: Path, *, seeds: int = 1, schema_only: bool = False, checklist: bool = True
+) -> list[CheckResult]:
+    """Every check of the task in ``folder`` (schema first; the rest only if it loads);
+    ``checklist``: run the checklist check too."""
     try:
         loaded = load_task_folder(folder)
     except UserError as e:
@@ -182,7 +244,9 @@ def validate_task(folder: Path, *, seeds: int = 1, schema_only: bool = False) ->
         return results
     results.append(check_nop(loaded, seeds))
     results.append(check_oracle(loaded, seeds))
+    if checklist:
+        results.append(check_checklist(loaded, seeds))
     return results
 
 
-CHECKS: tuple[str, ...] = ("schema", "nop", "oracle")
+CHECKS: tuple[str, ...] = ("schema", "nop", "oracle", "checklist")

@@ -121,6 +121,11 @@ class RateProbe(BaseModel):
     rate: float
     attainment: float
     passed: bool
+    kept_up: bool | None = Field(
+        default=None,
+        description="the run's backlog did not grow (None: not checked); a rate passes "
+        "only when its attainment meets the target and it kept up",
+    )
 
 
 class ObjectiveMeasurement(BaseModel):
@@ -280,14 +285,21 @@ def search_max_rate(
     tolerance: float,
     start: float | None = None,
     should_stop: Callable[[], bool] | None = None,
+    bracket_factor: float = RATE_BRACKET_FACTOR,
+    kept_up: Callable[[float], bool] | None = None,
 ) -> RateSearch:
     """The highest rate in ``[rate_min, rate_max]`` whose attainment is >= ``target``.
 
     Starts at ``start`` (default: the geometric middle of the range), brackets by factors
-    of :data:`RATE_BRACKET_FACTOR` up (while passing) or down (while failing), then
+    of ``bracket_factor`` (default :data:`RATE_BRACKET_FACTOR`; a small factor when
+    ``start`` is known to be close, e.g. the same side's rate on another sample) up (while
+    passing) or down (while failing), then
     bisects geometrically until ``hi / lo <= 1 + tolerance`` and returns ``lo``. Exact for
     a monotone attainment; with noise it returns a passing rate next to a failing one.
     ``rate_max`` passing returns ``rate_max``; ``rate_min`` failing returns ``None``.
+
+    ``kept_up``, when given, is asked right after ``attainment_at`` for the same rate: a
+    rate passes only when it also says yes (the run served its arrivals in steady state).
 
     ``should_stop`` is asked before every probe after the first; when it says yes the search
     ends at once with the bracket's lower end so far (the highest passing rate below every
@@ -296,6 +308,8 @@ def search_max_rate(
     """
     if not 0 < rate_min < rate_max:
         raise ValueError("need 0 < rate_min < rate_max")
+    if bracket_factor <= 1.0:
+        raise ValueError("need bracket_factor > 1")
     probes: list[RateProbe] = []
     seen: dict[float, bool] = {}
 
@@ -309,13 +323,14 @@ def search_max_rate(
             if len(probes) >= MAX_RATE_PROBES:
                 raise RuntimeError("rate search did not converge")
             a = attainment_at(rate)
-            ok = a >= target
-            probes.append(RateProbe(rate=rate, attainment=a, passed=ok))
+            up = kept_up(rate) if kept_up is not None else None
+            ok = a >= target and up is not False
+            probes.append(RateProbe(rate=rate, attainment=a, passed=ok, kept_up=up))
             seen[rate] = ok
         return seen[rate]
 
     try:
-        return _search(passes, rate_min, rate_max, tolerance, start, probes)
+        return _search(passes, rate_min, rate_max, tolerance, start, probes, bracket_factor)
     except _Stop:
         # The bracket's lower end so far: the highest passing rate below every failing one.
         lowest_fail = min((p.rate for p in probes if not p.passed), default=math.inf)
@@ -330,6 +345,7 @@ def _search(
     tolerance: float,
     start: float | None,
     probes: list[RateProbe],
+    factor: float,
 ) -> RateSearch:
     r = math.sqrt(rate_min * rate_max) if start is None else start
     r = min(max(r, rate_min), rate_max)
@@ -340,7 +356,7 @@ def _search(
         while True:
             if lo >= rate_max:
                 return RateSearch(rate_max, probes)
-            nxt = min(lo * RATE_BRACKET_FACTOR, rate_max)
+            nxt = min(lo * factor, rate_max)
             if passes(nxt):
                 lo = nxt
             else:
@@ -351,7 +367,7 @@ def _search(
         while True:
             if hi <= rate_min:
                 return RateSearch(None, probes)
-            nxt = max(hi / RATE_BRACKET_FACTOR, rate_min)
+            nxt = max(hi / factor, rate_min)
             if passes(nxt):
                 lo = nxt
                 break

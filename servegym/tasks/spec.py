@@ -54,8 +54,11 @@ class ObjectiveSpec(_Strict):
     Latency kinds take a ``statistic`` (default p90). ``max_rate_at_sla`` and ``cost_at_sla``
     search the arrival rate (Poisson, as MLPerf's Server scenario) between ``rate_min`` and
     ``rate_max`` for the highest rate whose SLA attainment is at least
-    ``attainment_target``; they need the task's ``sla``. ``composite`` scores the geometric
-    mean of its ``components``' improvement ratios (each with its own direction).
+    ``attainment_target`` in steady state: each probe sends ``rate_requests`` arrivals and
+    counts those after the first ``rate_warmup`` of the arrival span, a window long enough
+    that a queue growing by a few percent of the rate breaks the SLA inside it (a burst of a
+    few hundred requests hides one); they need the task's ``sla``. ``composite`` scores the
+    geometric mean of its ``components``' improvement ratios (each with its own direction).
     """
 
     kind: ObjectiveKind
@@ -63,7 +66,23 @@ class ObjectiveSpec(_Strict):
     attainment_target: float = Field(default=0.9, gt=0, le=1)
     rate_min: float = Field(default=0.1, gt=0)
     rate_max: float = Field(default=200.0, gt=0)
-    rate_tolerance: float = Field(default=0.05, gt=0, lt=1, description="relative search step")
+    rate_tolerance: float = Field(
+        default=0.01, gt=0, lt=1, description="relative resolution of the rate search"
+    )
+    rate_requests: int = Field(
+        default=1200,
+        ge=50,
+        le=100_000,
+        description="requests one probe of the rate search sends as one steady Poisson "
+        "stream (on an agentic workload, sessions enough for about that many turns)",
+    )
+    rate_warmup: float = Field(
+        default=0.2,
+        ge=0,
+        le=0.5,
+        description="share of a probe's arrival span dropped as warm-up before its SLA "
+        "attainment is counted",
+    )
     components: list[ObjectiveSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")

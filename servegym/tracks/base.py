@@ -41,11 +41,13 @@ def pair_seed(scoring_seed: int, i: int) -> int:
 
 
 class SampleInfo(NamedTuple):
-    """The scoring workload as the trial records it (the first pair's sample)."""
+    """The scoring workload as the trial records it: the first pair's sample, and every
+    pair's sample hash (``pair_hashes[i]`` for pair ``i``; all distinct)."""
 
     name: str
     requests: int
     workload_hash: str
+    pair_hashes: tuple[str, ...] = ()
 
 
 @dataclass

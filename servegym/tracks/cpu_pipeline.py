@@ -141,7 +141,10 @@ class CpuPipelineEvaluation(EvaluationSession):
             self.cpu.questions(pair_seed(scoring_seed, i)) for i in range(task.evaluation.repeats)
         ]
         self.sample = SampleInfo(
-            f"{task.id} questions", len(self.samples[0]), questions_digest(self.samples[0])
+            f"{task.id} questions",
+            len(self.samples[0]),
+            questions_digest(self.samples[0]),
+            tuple(questions_digest(q) for q in self.samples),
         )
         price = real_price(task)
         self.price_per_hour = price.price_per_hour if price is not None else None

@@ -181,7 +181,10 @@ class RealEvaluation(EvaluationSession):
         ]
         workload = self.samples[0]
         self.sample = SampleInfo(
-            workload.spec.name, workload.spec.num_requests, workload.content_hash()
+            workload.spec.name,
+            workload.spec.num_requests,
+            workload.content_hash(),
+            tuple(w.content_hash() for w in self.samples),
         )
         self.reference: Reference | None = None
         self.options = RunOptions(

@@ -17,12 +17,17 @@ length. A config that fails to launch costs :data:`LAUNCH_FAILURE_SIM_SECONDS` x
 real engine fails part-way through its start-up); one the engine refuses before start-up
 costs :data:`INVALID_CONFIG_SIM_SECONDS`.
 
-**The final evaluation** (:class:`SimEvaluation`): every pair runs the same scoring
-workload (the task's spec at the hidden scoring seed), each run with its own noise seed
-(``stable_seed("score-<role>", task, scoring seed, i)``), so the pairs vary as repeated runs
-on a real GPU do; rate searches start, for both sides, at the rate the first baseline run
-found. A side's accuracy is the launch's modelled accuracy; a side costs the task's price
-per GPU-hour (default: the hardware profile's) for every GPU it occupies.
+**The final evaluation** (:class:`SimEvaluation`): pair ``i`` runs its own sample of the
+scoring workload (the task's spec at :func:`~servegym.tracks.base.pair_seed` of the hidden
+scoring seed, as the real tracks do), each run with its own noise seed
+(``stable_seed("score-<role>", task, scoring seed, i)``), so the pairs vary as the workload
+and repeated runs on a real GPU do, and a trial's interval covers both. Rate searches start,
+for the first pair, at the geometric middle of the range (baseline) and at the rate the
+baseline found (submission), bracketing by factors of 2; for every later pair at the rate
+that side found on the first pair, bracketing by :data:`NEAR_BRACKET` (a sample moves a
+side's rate by a few percent, so a narrow bracket finds it in fewer probes). A side's
+accuracy is the launch's modelled accuracy; a side costs the task's price per GPU-hour
+(default: the hardware profile's) for every GPU it occupies.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from servegym.engines.sim.launch import LaunchError, launch
 from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.pipeline.engine import launch_pipeline
-from servegym.scoring.objectives import ObjectiveMeasurement
+from servegym.scoring.objectives import RATE_BRACKET_FACTOR, ObjectiveMeasurement
 from servegym.tasks.loader import TASK_FILE, LoadedTask, workload_spec
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import RATE_KINDS, Task
@@ -50,6 +55,7 @@ from servegym.tracks.base import (
     StartedSide,
     Track,
     TrackSetup,
+    pair_seed,
     register_track,
 )
 from servegym.tracks.dev import (
@@ -71,6 +77,9 @@ TRUNCATED_NOTE = (
     "note: the budget ran out during the arrival-rate search; it stopped early and reports "
     "the highest passing rate it had bracketed (0 if none)"
 )
+NEAR_BRACKET = 1.05
+"""The bracketing factor of a rate search that starts at the same side's rate on another
+sample of the workload."""
 
 
 def first_rate(m: ObjectiveMeasurement) -> float | None:
@@ -219,12 +228,18 @@ class SimEvaluation(EvaluationSession):
         self.scoring_seed = scoring_seed
         self.model, self.hardware = SimTrack.profiles(task)
         self.spec, self.base_dir = workload_spec(loaded)
-        self.workload = materialise(self.spec, scoring_seed, base_dir=self.base_dir)
+        self.seeds = [pair_seed(scoring_seed, i) for i in range(task.evaluation.repeats)]
+        self.workloads = [materialise(self.spec, s, base_dir=self.base_dir) for s in self.seeds]
+        first = self.workloads[0]
         self.sample = SampleInfo(
-            self.workload.spec.name, self.workload.spec.num_requests, self.workload.content_hash()
+            first.spec.name,
+            first.spec.num_requests,
+            first.content_hash(),
+            tuple(w.content_hash() for w in self.workloads),
         )
         self.min_accuracy = task.accuracy.min_ratio
         self.hint: float | None = None
+        self.first_rates: dict[Role, float | None] = {}
 
     def _launch(self, config: ServingConfig) -> SimEngine:
         return self.track.launch(
@@ -248,18 +263,24 @@ class SimEvaluation(EvaluationSession):
 
     async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
         assert isinstance(side, SimSide) and side.engine is not None
+        hint, bracket = self.hint, RATE_BRACKET_FACTOR
+        if i > 0 and self.first_rates.get(role) is not None:
+            hint, bracket = self.first_rates[role], NEAR_BRACKET
         m = measure_objective(
             self.task,
             side.engine,
             self.spec,
-            self.scoring_seed,
+            self.seeds[i],
             stable_seed(f"score-{role}", self.task.id, self.scoring_seed, i),
             base_dir=self.base_dir,
-            workload=self.workload,
-            rate_hint=self.hint,
+            workload=self.workloads[i],
+            rate_hint=hint,
+            bracket_factor=bracket,
         )
-        if role == "baseline" and i == 0:
-            self.hint = first_rate(m)
+        if i == 0:
+            self.first_rates[role] = first_rate(m)
+            if role == "baseline":
+                self.hint = first_rate(m)
         return m
 
     def accuracy(self, side: StartedSide | None, role: Role) -> float | None:

@@ -5,8 +5,11 @@
 unit, the metrics of the run the value came from, and what it cost (virtual seconds, runs)
 and saw (integrity counts). A plain objective is one run of the workload as specified; a
 rate objective searches the Poisson arrival rate
-(:func:`~servegym.scoring.objectives.search_max_rate`) with one run per probe; a composite
-measures each component, sharing the plain run. A pipeline deployment is one run of its
+(:func:`~servegym.scoring.objectives.search_max_rate`) with one steady run per probe
+(:func:`run_steady`: ``rate_requests`` arrivals of the workload's request mix at the rate,
+the first ``rate_warmup`` of the arrival span dropped, so a rate passes only when the SLA
+holds once queues have had time to build); a composite measures each component, sharing the
+plain run. A pipeline deployment is one run of its
 pipeline (:func:`servegym.pipeline.measure.measure_pipeline`). What the values mean, and how
 two measurements compare, is :mod:`servegym.scoring.objectives`'s (pure functions).
 """
@@ -24,6 +27,7 @@ from servegym.pipeline.measure import measure_pipeline
 from servegym.scoring.metrics import Metrics, RequestLatencies, compute_metrics, request_latencies
 from servegym.scoring.objectives import (
     PLAIN_KINDS,
+    RATE_BRACKET_FACTOR,
     RATE_KIND_SET,
     UNITS,
     IntegrityCounts,
@@ -35,6 +39,7 @@ from servegym.scoring.objectives import (
     sum_integrity,
 )
 from servegym.scoring.sla import SLA, Price
+from servegym.scoring.steady import backlog_growth
 from servegym.tasks.spec import ObjectiveSpec, Task
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
@@ -52,6 +57,11 @@ class SimMeasurement:
     sim_seconds: float
     integrity: IntegrityCounts
     latencies: RequestLatencies
+    output_per_session: float | None = None
+    """A steady run's forced output tokens per measured session (what a session offers)."""
+    kept_up: bool | None = None
+    """A steady run's backlog did not grow (:func:`servegym.scoring.steady.backlog_growth`
+    within its allowance and :data:`MAX_BACKLOG_GROWTH`)."""
 
 
 def task_price(task: Task, engine: SimEngine) -> Price:
@@ -103,6 +113,78 @@ def at_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:
     return WorkloadSpec.model_validate(data)
 
 
+def steady_spec(spec: WorkloadSpec, rate: float, requests: int) -> WorkloadSpec:
+    """``spec`` as one steady stream: ``requests`` Poisson arrivals at ``rate``, no warm-up
+    phase (a warm-up phase drains before the measured one starts, which is no steady state)
+    and no duration cap."""
+    data = at_rate(spec, rate).model_dump()
+    data.update(num_requests=requests, warmup_requests=0, duration_s=None)
+    return WorkloadSpec.model_validate(data)
+
+
+MAX_BACKLOG_GROWTH = 0.03
+"""The most a steady run's backlog may grow per arrival of its window's second half (a
+server serving 97% of its arrivals grows by 0.03) and still count as keeping up."""
+
+
+def run_steady(
+    engine: LaunchedEngine,
+    workload: Workload,
+    *,
+    warmup_share: float,
+    noise_seed: int,
+    sla: SLA | None,
+    price: Price | None,
+) -> SimMeasurement:
+    """Simulate a steady stream (:func:`steady_spec`) and measure its steady window: every
+    request scheduled after the first ``warmup_share`` of the span of first-turn arrivals
+    (earlier ones count as warm-up: in no metric, latency or integrity count)."""
+    run = simulate(engine, workload, noise=True, noise_seed=noise_seed)
+    firsts = [r.scheduled_ns for r in run.records if r.turn_index == 0]
+    cut = round(warmup_share * max(firsts, default=0))
+    records = [r if r.scheduled_ns >= cut else r.model_copy(update={"warmup": True})
+               for r in run.records]  # fmt: skip
+    meas = [r for r in records if not r.warmup]
+    sent = [r.sent_ns for r in meas if r.sent_ns is not None]
+    ends = [e for r in meas if (e := r.done_ns if r.error is None else r.end_ns) is not None]
+    duration = max((max(ends) - min(sent)) / 1e9, 0.0) if sent and ends else 0.0
+    result = RunResult(
+        target=engine.name,
+        model=engine.model.id,
+        workload=workload.spec.name,
+        workload_hash="",
+        seed=workload.seed,
+        started_at="",
+        duration_s=duration,
+        records=records,
+        server_metrics_delta=run.server_metrics_delta,
+        stopped_early=run.stopped_early,
+    )
+    sessions = len({r.session_id for r in meas})
+    tokens = sum(r.expected_output_tokens for r in meas)
+    growth, allowance = backlog_growth(run.records, cut)
+    return SimMeasurement(
+        metrics=compute_metrics(result, sla=sla, price=price),
+        sim_seconds=run.stats.virtual_s,
+        integrity=integrity_counts(records),
+        latencies=request_latencies(records),
+        output_per_session=tokens / sessions if sessions else None,
+        kept_up=growth <= max(MAX_BACKLOG_GROWTH, allowance),
+    )
+
+
+def cost_at_rate(price: Price, rate: float, output_per_session: float | None) -> float | None:
+    """Dollars per million output tokens when serving ``rate`` arrivals per second in steady
+    state: the price per second over the output tokens offered per second (``rate`` times a
+    session's output tokens). In steady state the served token rate is the offered one, so
+    this is the run's cost without the warm-up and drain around its window; ``None`` when
+    the window has no output."""
+    if not output_per_session:
+        return None
+    per_second = price.price_per_hour * price.gpus / 3600.0
+    return per_second / (rate * output_per_session) * 1e6
+
+
 class _Measurer:
     """Measures the objectives of one (engine, workload) pair, sharing the plain run."""
 
@@ -117,6 +199,7 @@ class _Measurer:
         workload: Workload | None,
         rate_hint: float | None,
         sim_seconds_cap: float | None,
+        bracket_factor: float,
     ) -> None:
         self.task = task
         self.sim_seconds_cap = sim_seconds_cap
@@ -128,9 +211,10 @@ class _Measurer:
         self.base_dir = base_dir
         self.workload = workload
         self.rate_hint = rate_hint
+        self.bracket_factor = bracket_factor
         self.price = task_price(task, engine)
         self._plain: SimMeasurement | None = None
-        self._searches: dict[tuple[float, float, float, float], _RateResult] = {}
+        self._searches: dict[tuple[float, float, float, float, int, float], _RateResult] = {}
 
     def plain(self) -> tuple[SimMeasurement, bool]:
         """The workload as specified, run once; True when this call ran it."""
@@ -143,21 +227,41 @@ class _Measurer:
         self.spent += self._plain.sim_seconds
         return self._plain, True
 
+    def _probe_arrivals(self, requests: int) -> int:
+        """How many arrivals a probe sends for ``requests`` requests: that many on a
+        single-turn workload; on an agentic one, sessions enough for about that many turns
+        (its arrivals are sessions), at least 10."""
+        if self.spec.kind != "agentic":
+            return requests
+        wl = self.workload or materialise(self.spec, self.seed, base_dir=self.base_dir)
+        measured = wl.sessions[wl.warmup_sessions :]
+        turns = sum(len(s.turns) for s in measured) / max(len(measured), 1)
+        return max(10, round(requests / max(turns, 1.0)))
+
     def rate_search(self, objective: ObjectiveSpec) -> tuple[_RateResult, bool]:
         key = (
             objective.rate_min,
             objective.rate_max,
             objective.attainment_target,
             objective.rate_tolerance,
+            objective.rate_requests,
+            objective.rate_warmup,
         )
         if key in self._searches:
             return self._searches[key], False
         runs: dict[float, SimMeasurement] = {}
+        arrivals = self._probe_arrivals(objective.rate_requests)
 
         def attainment_at(rate: float) -> float:
-            wl = materialise(at_rate(self.spec, rate), self.seed, base_dir=self.base_dir)
-            m = run_workload(
-                self.engine, wl, noise_seed=self.noise_seed, sla=self.task.sla, price=self.price
+            probe = steady_spec(self.spec, rate, arrivals)
+            wl = materialise(probe, self.seed, base_dir=self.base_dir)
+            m = run_steady(
+                self.engine,
+                wl,
+                warmup_share=objective.rate_warmup,
+                noise_seed=self.noise_seed,
+                sla=self.task.sla,
+                price=self.price,
             )
             runs[rate] = m
             self.spent += m.sim_seconds
@@ -174,6 +278,8 @@ class _Measurer:
             tolerance=objective.rate_tolerance,
             start=self.rate_hint,
             should_stop=out_of_budget,
+            bracket_factor=self.bracket_factor,
+            kept_up=lambda rate: runs[rate].kept_up is not False,
         )
         shown_rate = found.rate if found.rate is not None else objective.rate_min
         if shown_rate not in runs:  # rate_min was never probed (cannot happen: it failed)
@@ -220,7 +326,8 @@ class _Measurer:
             if kind == "max_rate_at_sla":
                 value = rs.rate if rs.rate is not None else 0.0
             else:
-                value = rs.shown.metrics.cost_per_mtok if rs.rate is not None else None
+                per_session = rs.shown.output_per_session
+                value = cost_at_rate(self.price, rs.rate, per_session) if rs.rate else None
             return ObjectiveMeasurement(
                 objective=label,
                 kind=kind,
@@ -276,6 +383,7 @@ def measure_objective(
     rate_hint: float | None = None,
     objective: ObjectiveSpec | None = None,
     sim_seconds_cap: float | None = None,
+    bracket_factor: float = RATE_BRACKET_FACTOR,
 ) -> ObjectiveMeasurement:
     """Measure ``objective`` (default: the task's) for ``engine`` on ``spec`` at ``seed``.
 
@@ -283,14 +391,24 @@ def measure_objective(
     a rate search: common random numbers make the attainment curve smooth in the rate).
     ``workload`` is ``spec`` materialised at ``seed``, when the caller has it already.
     ``rate_hint`` is where a rate search starts (e.g. the baseline's rate; default the
-    geometric middle of the objective's range). ``sim_seconds_cap`` stops a rate search
-    (between probes) once the measurement has simulated that many virtual seconds; it
-    then reports the best rate bracketed so far (``search_truncated``).
+    geometric middle of the objective's range), bracketing by ``bracket_factor``.
+    ``sim_seconds_cap`` stops a rate search (between probes) once the measurement has
+    simulated that many virtual seconds; it then reports the best rate bracketed so far
+    (``search_truncated``).
     """
     if isinstance(engine, PipelineEngine):
         wl = workload or materialise(spec, seed, base_dir=base_dir)
         return measure_pipeline(task, engine, wl, noise_seed, objective=objective)
     measurer = _Measurer(
-        task, engine, spec, seed, noise_seed, base_dir, workload, rate_hint, sim_seconds_cap
+        task,
+        engine,
+        spec,
+        seed,
+        noise_seed,
+        base_dir,
+        workload,
+        rate_hint,
+        sim_seconds_cap,
+        bracket_factor,
     )
     return measurer.measure(objective if objective is not None else task.objective)

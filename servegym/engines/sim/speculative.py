@@ -55,27 +55,27 @@ def _builtin(method: str, rates: dict[str, float], **kw: object) -> SpeculativeP
 BUILTIN: dict[str, SpeculativeProfile] = {
     "ngram": _builtin(
         "ngram",
-        {"synthetic": 0.3, "chat": 0.45, "agentic": 0.7, "trace": 0.3},
-        match_rate={"synthetic": 0.02, "chat": 0.3, "agentic": 0.6, "trace": 0.02},
+        {"synthetic": 0.3, "chat": 0.45, "agentic": 0.84, "trace": 0.3},
+        match_rate={"synthetic": 0.02, "chat": 0.3, "agentic": 0.45, "trace": 0.02},
         draft_step_overhead_ms=0.05,
         autoregressive=False,
     ),
     "draft_model": _builtin(
         "draft_model",
-        {"synthetic": 0.45, "chat": 0.7, "agentic": 0.75, "trace": 0.45},
+        {"synthetic": 0.33, "chat": 0.7, "agentic": 0.75, "trace": 0.33},
         position_decay=0.97,
         draft_step_overhead_ms=0.6,
     ),
     "eagle": _builtin(
         "eagle",
-        {"synthetic": 0.4, "chat": 0.68, "agentic": 0.72, "trace": 0.4},
+        {"synthetic": 0.32, "chat": 0.68, "agentic": 0.82, "trace": 0.32},
         position_decay=0.85,
         draft_param_fraction=0.09,
         draft_step_overhead_ms=0.9,
     ),
     "eagle3": _builtin(
         "eagle3",
-        {"synthetic": 0.45, "chat": 0.78, "agentic": 0.8, "trace": 0.45},
+        {"synthetic": 0.37, "chat": 0.78, "agentic": 0.78, "trace": 0.37},
         position_decay=0.96,
         draft_param_fraction=0.05,
         draft_step_overhead_ms=0.9,
