@@ -194,3 +194,23 @@ def test_ids_beyond_the_vocabulary_are_refused_with_the_fix(tmp_path: Path) -> N
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "out of vocabulary" in proc.stderr
         assert "--tokenizer" in proc.stderr and "prompt.token_id_high" in proc.stderr
+
+
+def test_errors_differing_only_in_numbers_are_one_kind() -> None:
+    """vLLM names each request's own token id; eight requests are one error, not eight."""
+    from servegym.loadgen.records import RequestRecord
+    from servegym.runner.bench import describe_errors
+
+    def failed(error: str, status: int | None = None) -> RequestRecord:
+        return RequestRecord(request_id="r", session_id=0, turn_index=0, prompt_tokens=1,
+                             expected_output_tokens=1, scheduled_ns=0, error=error,
+                             http_status=status)  # fmt: skip
+
+    records = [failed(f"server error after 0 chunks: Token id {29000 + i} is out of vocabulary")
+               for i in range(7)]  # fmt: skip
+    records.append(failed("The model `x` does not exist.", 404))
+    text = describe_errors(records)
+    assert text == (
+        "server error after 0 chunks: Token id 29000 is out of vocabulary (7 requests); "
+        "HTTP 404: The model `x` does not exist. (1 request)"
+    )

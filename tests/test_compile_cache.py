@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import _json
 import shutil
+import struct
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from servegym.engines.base import LaunchSpec, ModelRef, get_engine
+from servegym.engines.base import Engine, LaunchSpec, ModelRef, get_engine
+from servegym.engines.capabilities import CapabilityTable
 from servegym.engines.compile_cache import harness_compile_cache, scrub, torn_reason
 from servegym.engines.config import ServingConfig
 from servegym.engines.process import ServerCrashed, ServerProcess, free_port
+from servegym.engines.served import ManagedServer
 from servegym.sandbox.local import LocalSandbox
 
 ELF = Path(_json.__file__)  # a real shared library of this Python
 LIB_DYNLOAD = ELF.parent
+MODEL = ModelRef(path="mock", served_name="mock")
 HASH = "e3ed37befceb093ff578584ce2e6c5a4e8a29621ac85089cc681d3adf9234f54"
 
 pytestmark = pytest.mark.skipif(
@@ -92,7 +96,10 @@ LOADER = textwrap.dedent(
     # A stand-in for vLLM starting from its compile cache: load every binary, then serve.
     import ctypes, pathlib, runpy, sys
     for so in sorted(pathlib.Path(sys.argv[1]).rglob("*.so")):
-        ctypes.CDLL(str(so))  # OSError "file too short" on a torn one, as vLLM's ImportError
+        try:
+            ctypes.CDLL(str(so))
+        except OSError as e:  # "<path>: file too short", as vLLM's ImportError says it
+            sys.exit(f"ImportError: {e}")
     sys.argv = ["mock_server", "--port", sys.argv[2], "--model", "mock"]
     runpy.run_module("servegym.loadgen.mock_server", run_name="__main__")
     """
@@ -107,7 +114,7 @@ def _loader_spec(tmp_path: Path, cache: Path, caches: list[str]) -> LaunchSpec:
         engine="stand-in",
         argv=[sys.executable, str(script), str(cache), str(port)],
         port=port,
-        model=ModelRef(path="mock", served_name="mock"),
+        model=MODEL,
         compile_caches=caches,
     )
 
@@ -132,6 +139,68 @@ async def test_the_stand_in_dies_on_a_torn_cache_it_was_not_told_of(tmp_path: Pa
             pass
     assert e.value.exit_info is not None and e.value.exit_info.phase == "start"
     assert _entry(cache, HASH).exists()
+
+
+class LoaderEngine(Engine):
+    """An engine whose server is the loader stand-in, its compile cache at ``cache``."""
+
+    name = "loader"
+    platform = "cpu"
+    table = CapabilityTable(engine="loader", platform="cpu", rules=())
+
+    def __init__(self, script: Path, cache: Path) -> None:
+        self.script, self.cache = script, cache
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(self.script)]
+
+    def render_args(
+        self, config: ServingConfig, model: ModelRef, host_addr: str, port: int
+    ) -> list[str]:
+        return [str(self.cache), str(port)]
+
+    def compile_cache_env(self) -> dict[str, str]:
+        return {"LOADER_CACHE": str(self.cache)}
+
+
+def _unloadable(path: Path) -> None:
+    """Whole by its headers, yet no loader takes it: its program headers are garbage."""
+    data = bytearray(path.read_bytes())
+    phoff = struct.unpack_from("<Q", data, 32)[0]
+    size = struct.unpack_from("<H", data, 54)[0] * struct.unpack_from("<H", data, 56)[0]
+    data[phoff : phoff + size] = b"\xff" * size
+    path.write_bytes(bytes(data))
+
+
+async def test_a_binary_the_failed_start_names_is_discarded_and_the_start_retried(
+    tmp_path: Path,
+) -> None:
+    """What the header check cannot see, the loader's error names: the entry is discarded
+    and the start tried once more."""
+    cache = tmp_path / "vllm"
+    _put(cache, "a" * 64, "aa1")
+    bad = _put(cache, HASH, "h52")
+    _unloadable(bad)
+    assert torn_reason(bad) is None  # not caught before the start
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    log = tmp_path / "server.log"
+    server = ManagedServer(LoaderEngine(script, cache), ServingConfig(), MODEL, log)
+    async with server as proc:
+        assert proc.running
+    text = log.read_text()
+    assert "no loadable segments" in text and "could not load it; a start killed" in text
+    assert "starting again" in text
+    assert not _entry(cache, HASH).exists() and _entry(cache, "a" * 64).exists()
+
+
+async def test_a_start_failing_for_another_reason_is_not_retried(tmp_path: Path) -> None:
+    script = tmp_path / "loader.py"
+    script.write_text("import sys; sys.exit('ValueError: unknown flag --bogus')\n")
+    engine = LoaderEngine(script, tmp_path / "vllm")
+    with pytest.raises(ServerCrashed):
+        await ManagedServer(engine, ServingConfig(), MODEL, tmp_path / "s.log").start()
+    assert "starting again" not in (tmp_path / "s.log").read_text()
 
 
 def test_vllm_cpu_keeps_its_compile_cache_under_servegym_home(

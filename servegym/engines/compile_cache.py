@@ -12,12 +12,17 @@ So the harness points each engine's cache at a folder of its own
 (:func:`harness_compile_cache`, under ``$SERVEGYM_HOME``) and, before every start, checks
 the binaries in it (:func:`scrub`): an ELF file shorter than its own headers say is a torn
 write, and the cache entry holding it is discarded (rebuilt by the next start), with one line
-saying so. A sound cache is left alone; checking it reads a few bytes of each binary.
+saying so. A sound cache is left alone; checking it reads a few bytes of each binary. A
+binary whose headers are whole but which still fails to load is caught after the fact: when
+a start fails naming a binary of its cache (``ImportError: <path>: ...``), that entry is
+discarded (:func:`discard_named`) and the start is tried once more
+(:class:`~servegym.engines.served.ManagedServer`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import struct
 from dataclasses import dataclass
@@ -87,8 +92,8 @@ class Discarded:
 
     def describe(self) -> str:
         return (
-            f"compile cache: discarded {self.entry} ({self.binary.name} is torn: "
-            f"{self.reason}; a start killed mid-compile left it); the next start rebuilds it"
+            f"compile cache: discarded {self.entry} ({self.binary.name}: {self.reason}; a "
+            "start killed mid-compile leaves such a file); the next start rebuilds it"
         )
 
 
@@ -129,8 +134,30 @@ def scrub(root: Path) -> list[Discarded]:
             log.warning("compile cache: cannot discard %s: %s", entry, e)
             continue
         done.add(entry)
-        found.append(Discarded(entry, binary, reason))
+        found.append(Discarded(entry, binary, f"torn, {reason}"))
     return found
 
 
-__all__ = ["Discarded", "harness_compile_cache", "scrub", "torn_reason"]
+_BINARY_PATH = re.compile(r"(/[^\s:'\"]+\.(?:so|o))(?![\w.])")
+
+
+def discard_named(roots: list[str], text: str) -> list[Discarded]:
+    """After a start failed: discard the entries of the binaries under ``roots`` that its
+    log ``text`` names (a loader quotes the path it could not load)."""
+    found: list[Discarded] = []
+    for name in dict.fromkeys(_BINARY_PATH.findall(text)):
+        path = Path(name)
+        for root in map(Path, roots):
+            if root not in path.parents or not path.exists():
+                continue
+            entry = _entry_of(root, path)
+            try:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            except OSError as e:
+                log.warning("compile cache: cannot discard %s: %s", entry, e)
+                continue
+            found.append(Discarded(entry, path, "the failed start could not load it"))
+    return found
+
+
+__all__ = ["Discarded", "discard_named", "harness_compile_cache", "scrub", "torn_reason"]

@@ -10,6 +10,7 @@ computed, so a failure in a later step never loses a finished run.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -281,9 +282,20 @@ def context_note(workload: Workload, max_model_len: int) -> str | None:
 
 
 def describe_errors(failed: list[RequestRecord], most: int = 3) -> str:
-    """The distinct errors of ``failed`` requests, commonest first, with their counts."""
-    counts = Counter(_error_text(r) for r in failed)
-    parts = [f"{text} ({n} request{'s' if n != 1 else ''})" for text, n in counts.most_common(most)]
+    """The distinct errors of ``failed`` requests, commonest first, with their counts; errors
+    that differ only in their numbers (each request's own token id, say) count as one, shown
+    by their first instance."""
+    counts: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for record in failed:
+        text = _error_text(record)
+        key = re.sub(r"\d+", "N", text)
+        counts[key] += 1
+        example.setdefault(key, text)
+    parts = [
+        f"{example[key]} ({n} request{'s' if n != 1 else ''})"
+        for key, n in counts.most_common(most)
+    ]
     if len(counts) > most:
         parts.append(f"{len(counts) - most} more kinds")
     return "; ".join(parts)
