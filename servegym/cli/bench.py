@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -117,4 +118,6 @@ def bench(
     )
     outcome = run_bench(request, progress=RichBenchProgress(err_console))
     console.print(render_metrics(outcome.metrics, title=outcome.title))
+    for note in outcome.notes:
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"wrote {outcome.metrics_path} and {outcome.requests_path}")

@@ -59,6 +59,11 @@ class LaunchSpec(BaseModel):
         default_factory=dict,
         description="resource limits set in the child, by name (RLIMIT_FSIZE: bytes ...)",
     )
+    compile_caches: list[str] = Field(
+        default_factory=list,
+        description="folders of compiled artefacts the server keeps between launches; torn "
+        "entries are discarded before each start (servegym.engines.compile_cache)",
+    )
 
     @property
     def base_url(self) -> str:
@@ -137,7 +142,8 @@ class Engine(ABC):
         """Check ``config``, then render it: the one way to get a launchable command."""
         self.check(config, host)
         argv = [*self.command(), *self.render_args(config, model, host_addr, port)]
-        env = {**self.default_env(), **self.config_env(config), **config.env}
+        caches = self.compile_cache_env()
+        env = {**self.default_env(), **caches, **self.config_env(config), **config.env}
         env.update(self.pinned_env())
         return LaunchSpec(
             engine=self.name,
@@ -148,6 +154,7 @@ class Engine(ABC):
             port=port,
             model=model,
             needs_gpu=self.platform == "gpu",
+            compile_caches=[env[k] for k in caches if env.get(k)],
         )
 
     @abstractmethod
@@ -173,6 +180,13 @@ class Engine(ABC):
     def default_env(self) -> dict[str, str]:
         """Environment every launch of this engine gets (a config's ``env`` wins)."""
         return {"HF_HUB_OFFLINE": "1"}
+
+    def compile_cache_env(self) -> dict[str, str]:
+        """Variables pointing the engine's compile caches at folders the harness owns, so a
+        start never shares them with the user's other programs (a config's ``env`` may
+        point them elsewhere; whichever folders a launch gets are checked before it
+        starts)."""
+        return {}
 
     def pinned_env(self) -> dict[str, str]:
         """Environment the harness pins on every launch and every workspace command of this

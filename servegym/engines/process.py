@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import re
 import resource
@@ -30,6 +31,9 @@ import aiohttp
 from pydantic import BaseModel
 
 from servegym.engines.base import LaunchSpec
+from servegym.engines.compile_cache import scrub
+
+_log = logging.getLogger(__name__)
 
 READY_PATHS = ("/health", "/v1/models")
 PR_SET_PDEATHSIG = 1
@@ -141,15 +145,24 @@ class ServerProcess:
         """Set when a stop gave up on processes that survived SIGKILL."""
         self._exit: ExitInfo | None = None
         self._started_at = 0.0
+        self.discarded: list[str] = []
+        """Torn compile-cache entries discarded before the start (one line each)."""
 
     # --- start ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the process in a new process group, its output to the log file."""
+        """Start the process in a new process group, its output to the log file; first
+        discard any torn entry of its compile caches (one line each, in the log too)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         inherited = {k: v for k, v in os.environ.items() if k not in self.spec.env_unset}
         env = {**inherited, **self.spec.env} if self.spec.inherit_env else dict(self.spec.env)
         with self.log_path.open("ab") as log:
+            for folder in self.spec.compile_caches:
+                for discarded in scrub(Path(folder)):
+                    line = discarded.describe()
+                    self.discarded.append(line)
+                    _log.warning("%s", line)
+                    log.write(f"servegym: {line}\n".encode())
             log.write(f"$ {self.spec.shell_line()}\n".encode())
             log.flush()
             try:

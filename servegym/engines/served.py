@@ -11,6 +11,7 @@ records of every request that had finished.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from servegym.engines.base import Engine, LaunchSpec, ModelRef, sampled_gauges
 from servegym.engines.capabilities import ConfigRejected
+from servegym.engines.compile_cache import discard_named
 from servegym.engines.config import ServingConfig
 from servegym.engines.process import (
     ExitInfo,
@@ -31,6 +33,7 @@ from servegym.engines.process import (
     ServerProcess,
     ServerUnresponsive,
     free_port,
+    read_tail,
 )
 from servegym.errors import UserError
 from servegym.loadgen.http_target import HttpTarget
@@ -41,6 +44,7 @@ from servegym.workloads.model import Workload
 Outcome = Literal["ok", "rejected", "launch_failed", "crashed"]
 DEATH_CONFIRM_S = 0.1
 """How long a request that got no HTTP answer waits for the server's exit to show."""
+_log = logging.getLogger(__name__)
 PORT_RETRIES = 3
 """New ports to try when another process took the free port before the server bound it."""
 
@@ -96,14 +100,18 @@ class ManagedServer:
         return self.engine.name
 
     async def start(self) -> ServerProcess:
-        """Check, launch and wait for readiness; raises ConfigRejected or ServerError."""
+        """Check, launch and wait for readiness; raises ConfigRejected or ServerError.
+
+        A start is tried again on another free port when its port was taken, and once more
+        when it failed on a binary of its compile cache (discarded first, see
+        :func:`~servegym.engines.compile_cache.discard_named`)."""
         self.check()
         tries = 1 if self.port is not None else PORT_RETRIES
-        for attempt in range(tries):
+        attempt, rebuilt = 0, False
+        while True:
             port = self.port if self.port is not None else free_port()
-            proc = ServerProcess(
-                self.spec(port), self.log_path, start_timeout_s=self.start_timeout_s
-            )
+            spec = self.spec(port)
+            proc = ServerProcess(spec, self.log_path, start_timeout_s=self.start_timeout_s)
             self.process = proc
             proc.start()
             try:
@@ -111,10 +119,18 @@ class ManagedServer:
                 return proc
             except ServerError as e:
                 await asyncio.to_thread(proc.stop)
+                log_text = read_tail(self.log_path, 400)
+                if not rebuilt and (gone := discard_named(spec.compile_caches, log_text)):
+                    rebuilt = True
+                    with self.log_path.open("a") as log:
+                        for d in gone:
+                            _log.warning("%s", d.describe())
+                            log.write(f"servegym: {d.describe()}; starting again\n")
+                    continue
+                attempt += 1
                 taken = "Address already in use" in (e.exit_info.log_tail if e.exit_info else "")
-                if not taken or attempt == tries - 1:
+                if not taken or attempt >= tries:
                     raise
-        raise AssertionError("unreachable")
 
     async def stop(self) -> ExitInfo | None:
         if self.process is None:

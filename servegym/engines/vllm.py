@@ -336,6 +336,18 @@ class VllmCpuEngine(_VllmBase):
     def default_env(self) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
+    def compile_cache_env(self) -> dict[str, str]:
+        """vLLM's cache (its AOT-compiled model, with Inductor's kernels inside each entry)
+        and Inductor's own (what compiles outside vLLM's AOT path), under the harness's
+        folder rather than ``~/.cache/vllm`` and ``/tmp/torchinductor_<user>``."""
+        from servegym.engines.compile_cache import harness_compile_cache
+
+        root = harness_compile_cache(self.name)
+        return {
+            "VLLM_CACHE_ROOT": str(root / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        }
+
     def pinned_env(self) -> dict[str, str]:
 
         return dict(CPU_ISA_ENV)

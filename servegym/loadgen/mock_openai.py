@@ -21,7 +21,7 @@ MAX_ARRIVALS = 2_000_000
 """The receipt times kept for /debug/arrivals (the latest ones), so a long-running server's
 memory stays bounded."""
 
-_FIXED_OPTIONS = frozenset({"model", "check_model", "vocab_size", "spin_us"})
+_FIXED_OPTIONS = frozenset({"model", "check_model", "vocab_size", "check_vocab", "root", "spin_us"})
 """Options a single request cannot override."""
 
 
@@ -48,6 +48,10 @@ class MockOptions:
     model: str = "mock"
     check_model: bool = True
     vocab_size: int = 32000
+    check_vocab: bool = False
+    """Refuse prompt token ids outside ``[0, vocab_size)``, as vLLM does (HTTP 400)."""
+    root: str | None = None
+    """The model folder ``/v1/models`` names, as vLLM's ``root`` (``None``: not listed)."""
     max_model_len: int = 131072
     spin_us: float = 1500.0
     empty_first_chunk: bool = False
@@ -206,6 +210,20 @@ def _prompt_len(prompt: Any) -> int:
     return 0
 
 
+def _out_of_vocab(prompt: Any, vocab_size: int) -> int | None:
+    """The first prompt token id outside ``[0, vocab_size)``, if any (vLLM's check)."""
+    nested = isinstance(prompt, list) and prompt and isinstance(prompt[0], list)
+    rows = prompt if nested else [prompt]
+    for row in rows:
+        if isinstance(row, list) and row and isinstance(row[0], int):
+            low, high = min(row), max(row)
+            if low < 0:
+                return int(low)
+            if high >= vocab_size:
+                return int(high)
+    return None
+
+
 def _chat_prompt_len(messages: Any) -> int:
     if not isinstance(messages, list):
         raise ValueError("'messages' must be a list")
@@ -350,6 +368,8 @@ def parse_request(
                 return 400, "'prompt' is required"
             req.prompt_tokens = _prompt_len(req.prompt)
             mt = body.get("max_tokens")
+            if opts.check_vocab and (bad := _out_of_vocab(req.prompt, opts.vocab_size)):
+                return 400, f"Token id {bad} is out of vocabulary"
     except (ValueError, AttributeError) as e:
         return 400, str(e)
     if mt is not None:
@@ -379,6 +399,7 @@ def models_body(options: MockOptions) -> bytes:
                     "created": 0,
                     "owned_by": "servegym",
                     "max_model_len": options.max_model_len,
+                    **({"root": options.root} if options.root is not None else {}),
                 }
             ],
         }

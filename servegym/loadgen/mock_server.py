@@ -393,6 +393,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--any-model", action="store_true", help="accept any model name in requests")
     p.add_argument("--max-model-len", type=int, default=131072)
     p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="refuse prompt token ids at or above this (as vLLM does); default: accept any",
+    )
+    p.add_argument("--root", default=None, help="model folder /v1/models names (vLLM's root)")
+    p.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -410,6 +417,12 @@ def options_from_args(args: argparse.Namespace) -> MockOptions:
         model=args.model,
         check_model=not args.any_model,
         max_model_len=args.max_model_len,
+        root=args.root,
+        **(
+            {"vocab_size": args.vocab_size, "check_vocab": True}
+            if args.vocab_size is not None
+            else {}
+        ),
     )
     overrides: dict[str, str] = {}
     for f in args.fault:

@@ -9,23 +9,32 @@ computed, so a failure in a later step never loses a finished run.
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
+from servegym.engines.process import child_setup, free_port
 from servegym.errors import UserError
 from servegym.loadgen.target import RunOptions
 from servegym.run_folder import prepare_out, write_json, write_records, write_text_atomic
 from servegym.scoring.metrics import SLA, Metrics, Price, compute_metrics
+
+if TYPE_CHECKING:
+    from servegym.loadgen.records import RequestRecord
+    from servegym.loadgen.served_model import ServedModel, Vocabulary
+    from servegym.workloads.model import Workload
+    from servegym.workloads.spec import WorkloadSpec
 
 
 class BenchRequest(BaseModel):
@@ -55,6 +64,9 @@ class BenchOutcome:
     metrics_path: Path
     requests_path: Path
     title: str
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about the run: prompt ids fitted to the model's vocabulary,
+    requests beyond its context, requests that failed."""
 
 
 class BenchProgress(Protocol):
@@ -100,19 +112,22 @@ def parse_mock_settings(text: str) -> list[str]:
     return flags
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def mock_server_process(flags: list[str], log_path: Path) -> Iterator[str]:
-    """Start ``servegym mock-server`` in its own process; yield its base URL."""
-    port = _free_port()
+    """Start ``servegym mock-server`` in its own process; yield its base URL.
+
+    The server dies with this process however it ends (``PR_SET_PDEATHSIG``, as every
+    server the harness starts): a SIGKILLed ``bench`` leaves no mock holding its port."""
+    port = free_port()
     cmd = [sys.executable, "-m", "servegym.loadgen.mock_server", "--port", str(port), *flags]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=child_setup(os.getpid()),
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -137,30 +152,14 @@ def mock_server_process(flags: list[str], log_path: Path) -> Iterator[str]:
             proc.wait()
 
 
-async def _first_model(base_url: str) -> str:
-    url = base_url.rstrip("/") + "/v1/models"
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.get(url) as resp,
-        ):
-            if resp.status != 200:
-                raise UserError(f"--base-url: GET {url} answered HTTP {resp.status}")
-            body = await resp.json(content_type=None)
-    except aiohttp.ClientError as e:
-        raise UserError(f"--base-url: cannot reach {base_url}: {e}") from None
-    except TimeoutError:
-        raise UserError(f"--base-url: {url} did not answer within 10 s") from None
-    try:
-        return str(body["data"][0]["id"])
-    except (KeyError, IndexError, TypeError):
-        raise UserError(f"--model: {url} lists no model; pass --model NAME") from None
-
-
 def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> BenchOutcome:
-    """Materialise the workload, drive it, and write the run folder."""
+    """Ask the server what it serves, fit the workload's prompt ids to the model's
+    vocabulary, drive the workload, and write the run folder.
+
+    Raises :class:`BenchFailed` (after writing the folder) when no request completed."""
     from servegym.loadgen.eventloop import run as run_async
     from servegym.loadgen.http_target import HttpTarget
+    from servegym.loadgen.served_model import served_model
     from servegym.workloads.generate import materialise
     from servegym.workloads.registry import load_spec
 
@@ -168,16 +167,24 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         request.workload, request.overrides, requests=request.requests, scale=request.scale
     )
     mock_flags = parse_mock_settings(request.mock) if request.mock is not None else None
+    tokenizer_vocab = None
     if request.tokenizer is not None:
-        from servegym.workloads.text import load_tokenizer
+        from servegym.loadgen.served_model import tokenizer_vocabulary
 
-        load_tokenizer(request.tokenizer)  # fail early, naming --tokenizer
+        tokenizer_vocab = tokenizer_vocabulary(request.tokenizer)  # fails early, naming it
     prepare_out(request.out)
-    workload = materialise(spec, request.seed, base_dir=base_dir)
-    workload_hash = workload.content_hash()
 
     with _server(request, mock_flags) as base_url:
-        model = request.model or run_async(_first_model(base_url))
+        served = run_async(served_model(base_url, request.model))
+        model = served.name
+        vocab = tokenizer_vocab or _folder_vocabulary(served)
+        notes: list[str] = []
+        if vocab is not None:
+            spec, fitted = fit_prompt_ids(spec, vocab)
+            notes += [fitted] if fitted else []
+        workload = materialise(spec, request.seed, base_dir=base_dir)
+        if served.max_model_len is not None:
+            notes += [n for n in [context_note(workload, served.max_model_len)] if n]
         options = RunOptions(
             model=model,
             request_timeout_s=request.timeout_s,
@@ -187,10 +194,12 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         meta = {
             "workload": spec.name,
             "workload_spec": spec.model_dump(mode="json"),
-            "workload_hash": workload_hash,
+            "workload_hash": workload.content_hash(),
             "seed": request.seed,
             "base_url": base_url if request.mock is None else f"mock({request.mock})",
             "model": model,
+            "vocabulary": {"size": vocab.size, "source": vocab.source} if vocab else None,
+            "max_model_len": served.max_model_len,
             "sla": request.sla.model_dump() if request.sla else None,
             "price": request.price.model_dump() if request.price else None,
             "argv": sys.argv[1:],
@@ -210,8 +219,102 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
     metrics = compute_metrics(result, sla=request.sla, price=request.price)
     metrics_path = request.out / "metrics.json"
     write_text_atomic(metrics_path, metrics.model_dump_json(indent=2) + "\n")
+    measured = [r for r in result.records if not r.warmup]
+    failed = [r for r in measured if not r.ok]
+    if measured and len(failed) == len(measured):
+        raise BenchFailed(
+            f"bench: 0 of {len(measured)} requests completed on {model} at {base_url}: "
+            f"{describe_errors(failed)}{_vocab_hint(failed, vocab)}; records: {requests_path}"
+        )
+    if failed:
+        notes.append(
+            f"{len(failed)} of {len(measured)} requests failed (metrics are over the "
+            f"{len(measured) - len(failed)} that completed): {describe_errors(failed)}"
+        )
     title = f"{spec.name} (seed {request.seed}) on {model}"
-    return BenchOutcome(metrics, metrics_path, requests_path, title)
+    return BenchOutcome(metrics, metrics_path, requests_path, title, notes)
+
+
+class BenchFailed(UserError):
+    """No measured request completed: there is no result, only the errors (exit 2)."""
+
+
+def _folder_vocabulary(served: ServedModel) -> Vocabulary | None:
+    from servegym.loadgen.served_model import folder_vocabulary
+
+    return folder_vocabulary(served.root) if served.root is not None else None
+
+
+def fit_prompt_ids(spec: WorkloadSpec, vocab: Vocabulary) -> tuple[WorkloadSpec, str | None]:
+    """``spec`` with its prompt ids drawn inside ``vocab`` (``token_id_high`` lowered to its
+    size), and a note saying so; ``spec`` itself, and no note, when they fit already."""
+    prompt = spec.prompt
+    if prompt.token_id_high <= vocab.size:
+        return spec, None
+    if prompt.token_id_low >= vocab.size:
+        raise UserError(
+            f"prompt.token_id_low ({prompt.token_id_low}) is outside the served model's "
+            f"vocabulary of {vocab.size} ids ({vocab.source}); lower it with "
+            "--set prompt.token_id_low=N"
+        )
+    fitted = spec.model_copy(
+        update={"prompt": prompt.model_copy(update={"token_id_high": vocab.size})}
+    )
+    note = (
+        f"prompt ids drawn from [{prompt.token_id_low}, {vocab.size}) (not up to "
+        f"{prompt.token_id_high}): the model's vocabulary has {vocab.size} ids ({vocab.source})"
+    )
+    return fitted, note
+
+
+def context_note(workload: Workload, max_model_len: int) -> str | None:
+    """A note when some requests need more than the server's context (they will fail)."""
+    over = sum(
+        1 for _, _, t in workload.iter_turns() if t.prompt_len + t.output_len > max_model_len
+    )
+    if not over:
+        return None
+    return (
+        f"{over} of {workload.num_turns} requests need more than the model's context "
+        f"(max_model_len {max_model_len}) and will fail; shorten them with --scale or "
+        "--set input_tokens.max=N --set output_tokens.max=N"
+    )
+
+
+def describe_errors(failed: list[RequestRecord], most: int = 3) -> str:
+    """The distinct errors of ``failed`` requests, commonest first, with their counts; errors
+    that differ only in their numbers (each request's own token id, say) count as one, shown
+    by their first instance."""
+    counts: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for record in failed:
+        text = _error_text(record)
+        key = re.sub(r"\d+", "N", text)
+        counts[key] += 1
+        example.setdefault(key, text)
+    parts = [
+        f"{example[key]} ({n} request{'s' if n != 1 else ''})"
+        for key, n in counts.most_common(most)
+    ]
+    if len(counts) > most:
+        parts.append(f"{len(counts) - most} more kinds")
+    return "; ".join(parts)
+
+
+def _error_text(record: RequestRecord) -> str:
+    text = " ".join((record.error or "no output").split())[:300]
+    if record.http_status is not None and f"HTTP {record.http_status}" not in text:
+        text = f"HTTP {record.http_status}: {text}"
+    return text
+
+
+def _vocab_hint(failed: list[RequestRecord], vocab: Vocabulary | None) -> str:
+    if vocab is not None or not any("vocabulary" in (r.error or "") for r in failed):
+        return ""
+    return (
+        " (prompt ids beyond the model's vocabulary: pass --tokenizer MODEL_FOLDER or "
+        "--set prompt.token_id_high=VOCAB_SIZE)"
+    )
 
 
 def _no_progress(done: int, total: int) -> None:
@@ -232,9 +335,13 @@ def _server(request: BenchRequest, mock_flags: list[str] | None) -> Iterator[str
 
 
 __all__ = [
+    "BenchFailed",
     "BenchOutcome",
     "BenchProgress",
     "BenchRequest",
+    "context_note",
+    "describe_errors",
+    "fit_prompt_ids",
     "parse_mock_settings",
     "run_bench",
 ]

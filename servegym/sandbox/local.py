@@ -270,6 +270,9 @@ class LocalSandbox:
             cwd=str(self.root),
             inherit_env=False,
             rlimits=self.server_limits.rlimits(),
+            # the workspace's own cache (HOME/.cache: vLLM's compile cache among others),
+            # which a start the agent killed mid-compile may have left torn
+            compile_caches=[str(self.root / ".cache")],
         )
 
     # --- files ----------------------------------------------------------------------------
