@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from servegym.engines.config import ServingConfig
 from servegym.engines.sim.calibration import (
@@ -44,16 +48,41 @@ from servegym.engines.sim.calibration import (
 )
 from servegym.engines.sim.engine import SimRun, simulate
 from servegym.engines.sim.launch import LaunchError, launch
+from servegym.engines.sim.profiles import (
+    PROFILES_DIR,
+    EngineProfile,
+    HardwareProfile,
+    engine_profiles,
+    hardware_profiles,
+)
 from servegym.loadgen.records import RunResult
 from servegym.scoring.metrics import Metrics, compute_metrics
 from servegym.workloads.generate import materialise
 from servegym.workloads.spec import ArrivalSpec, LengthDistribution, WorkloadSpec
 
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MAX_REQUESTS = 3000
 """Largest request count simulated per point; larger published counts are scaled down."""
 DEFAULT_REQUESTS = 100
 """Requests simulated when the source does not say how many it sent."""
 SEED = 0
+LONG_PROMPT = 4000
+"""Prompts of at least this many tokens put a point in the long-prompt regime."""
+
+REGIME_BATCH1 = "batch-1"
+REGIME_BURST = "burst/offline"
+REGIME_CONCURRENCY = "concurrency"
+REGIME_POISSON = "poisson"
+REGIME_TP = "TP 2-8"
+REGIME_LONG = "long prompts"
+REGIMES = [
+    REGIME_BATCH1,
+    REGIME_BURST,
+    REGIME_CONCURRENCY,
+    REGIME_POISSON,
+    REGIME_TP,
+    REGIME_LONG,
+]
 
 FAMILY_VLLM = "vLLM/SGLang"
 FAMILY_TRT = "TensorRT-LLM"
@@ -67,6 +96,7 @@ UNIT = {
     "tpot_ms": "ms",
     "ttft_ms": "ms",
     "itl_ms": "ms",
+    "e2e_ms": "ms",
 }
 
 
@@ -79,6 +109,10 @@ class Row:
     url: str
     engine: str
     family: str
+    group: str
+    """The independent source (held out together by the leave-one-source-out check)."""
+    regimes: list[str]
+    """The load regimes the point belongs to (see :func:`regimes`)."""
     setting: str
     metric: str
     unit: str
@@ -166,11 +200,55 @@ def _workload_spec(
     )
 
 
+Profiles = tuple[dict[str, EngineProfile], dict[str, HardwareProfile]]
+"""Engine and hardware profiles to simulate with, by id (the fit varies their numbers)."""
+
+
+def shipped_profiles() -> Profiles:
+    """The engine and hardware profiles as shipped (``profiles/``)."""
+    return dict(engine_profiles()), dict(hardware_profiles())
+
+
 def _run(
-    model: str, hardware: str, config: ServingConfig, spec: WorkloadSpec
+    model: str,
+    hardware: str,
+    config: ServingConfig,
+    spec: WorkloadSpec,
+    *,
+    engine_id: str = "vllm",
+    profiles: Profiles | None = None,
 ) -> tuple[Metrics, SimRun]:
-    """Simulate ``spec`` on the setting (noise off) and compute the load generator's metrics."""
-    engine = launch(model, hardware, config, workload_family=spec.kind)
+    """Simulate ``spec`` on the setting (noise off) and compute the load generator's metrics.
+
+    Runs are kept by everything that determines them, so points that read two metrics of
+    one published run (a throughput and a TTFT) simulate it once."""
+    engines, hw = profiles or shipped_profiles()
+    key = (
+        model,
+        hw[hardware].model_dump_json(),
+        engines[engine_id].model_dump_json(),
+        config.model_dump_json(),
+        spec.model_dump_json(exclude={"name"}),
+    )
+    if key in _RUNS:
+        return _RUNS[key]
+    if len(_RUNS) > 64:
+        _RUNS.clear()
+    _RUNS[key] = out = _simulate_run(model, hw[hardware], config, spec, engines[engine_id])
+    return out
+
+
+_RUNS: dict[tuple[str, ...], tuple[Metrics, SimRun]] = {}
+
+
+def _simulate_run(
+    model: str,
+    hardware: HardwareProfile,
+    config: ServingConfig,
+    spec: WorkloadSpec,
+    engine_profile: EngineProfile,
+) -> tuple[Metrics, SimRun]:
+    engine = launch(model, hardware, config, workload_family=spec.kind, engine=engine_profile)
     workload = materialise(spec, SEED)
     run = simulate(engine, workload, noise=False)
     result = RunResult(
@@ -198,6 +276,8 @@ def _metric_value(p: CalibrationPoint, m: Metrics, num_gpus: int) -> float:
         value = m.tpot_ms.mean
     elif p.metric == "ttft_ms":
         value = m.ttft_ms.mean
+    elif p.metric == "e2e_ms":
+        value = m.e2e_ms.mean
     else:
         value = m.itl_ms.mean
     if p.per_gpu and p.metric.endswith("_throughput"):
@@ -239,8 +319,38 @@ def _setting(p: CalibrationPoint, requests: int | None) -> str:
     return ", ".join(parts)
 
 
-def simulate_point(p: CalibrationPoint, *, max_requests: int = DEFAULT_MAX_REQUESTS) -> Row:
-    """Simulate one point (or say why it cannot be) and compare with the published figure."""
+def regimes(p: CalibrationPoint) -> list[str]:
+    """The load regimes a point belongs to (one point may be in several): ``batch-1`` (one
+    request at a time), ``burst/offline`` (everything sent at once), ``concurrency`` (a
+    closed loop of more than one), ``poisson`` (open-loop arrivals at a rate), ``TP 2-8``,
+    ``long prompts`` (4,000 prompt tokens or more)."""
+    w = p.workload
+    out: list[str] = []
+    one = w.concurrency == 1 or p.serving.get("max_num_seqs") == 1
+    if one:
+        out.append(REGIME_BATCH1)
+    elif w.arrival == "offline":
+        out.append(REGIME_BURST)
+    elif w.arrival == "concurrency":
+        out.append(REGIME_CONCURRENCY)
+    elif w.arrival in ("poisson", "mlperf-server"):
+        out.append(REGIME_POISSON)
+    if p.tensor_parallel > 1:
+        out.append(REGIME_TP)
+    inp, _ = w.simulated_lengths()
+    if inp is not None and inp >= LONG_PROMPT:
+        out.append(REGIME_LONG)
+    return out
+
+
+def simulate_point(
+    p: CalibrationPoint,
+    *,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    profiles: Profiles | None = None,
+) -> Row:
+    """Simulate one point (or say why it cannot be) and compare with the published figure,
+    with the shipped profiles or the given ones."""
     family = FAMILY_OF[p.engine]
     unit = UNIT[p.metric] + ("/GPU" if p.per_gpu and p.metric.endswith("_throughput") else "")
     w = p.workload
@@ -263,6 +373,8 @@ def simulate_point(p: CalibrationPoint, *, max_requests: int = DEFAULT_MAX_REQUE
             url=p.url,
             engine=p.engine,
             family=family,
+            group=p.source_group,
+            regimes=regimes(p),
             setting=_setting(p, requests),
             metric=p.metric,
             unit=unit,
@@ -280,7 +392,14 @@ def simulate_point(p: CalibrationPoint, *, max_requests: int = DEFAULT_MAX_REQUE
     n = _requests(w, max_requests)
     spec = _workload_spec(p.id, arrival, n, inp, out)
     try:
-        metrics, run = _run(p.model, p.hardware, p.serving_config(), spec)
+        metrics, run = _run(
+            p.model,
+            p.hardware,
+            p.serving_config(),
+            spec,
+            engine_id=p.engine_profile,
+            profiles=profiles,
+        )
     except LaunchError as e:
         return not_simulated(f"launch fails: {e.message.splitlines()[0]}", n)
     value = _metric_value(p, metrics, run.stats.num_gpus)
@@ -290,6 +409,8 @@ def simulate_point(p: CalibrationPoint, *, max_requests: int = DEFAULT_MAX_REQUE
         url=p.url,
         engine=p.engine,
         family=family,
+        group=p.source_group,
+        regimes=regimes(p),
         setting=_setting(p, n),
         metric=p.metric,
         unit=unit,
@@ -318,11 +439,21 @@ def _summary(group: str, rows: Sequence[Row]) -> Summary:
     )
 
 
+def regime_summaries(rows: Sequence[Row]) -> list[Summary]:
+    """The vLLM/SGLang points' error per load regime (a point counts in each of its)."""
+    vllm = [r for r in rows if r.family == FAMILY_VLLM]
+    return [
+        _summary(f"{FAMILY_VLLM}: {reg}", [r for r in vllm if reg in r.regimes]) for reg in REGIMES
+    ]
+
+
 def simulate_ratio(
     r: CalibrationRatio,
     points: dict[str, CalibrationPoint],
     *,
     max_requests: int = DEFAULT_MAX_REQUESTS,
+    profiles: Profiles | None = None,
+    sensitivity: bool = True,
 ) -> RatioRow:
     """Simulate both settings of a ratio on its stand-in workload(s)."""
     num, den = points[r.numerator], points[r.denominator]
@@ -332,11 +463,19 @@ def simulate_ratio(
     assert w.input_tokens is not None and w.output_tokens is not None
     n = _requests(w, max_requests)
     spread: list[tuple[int, float]] = []
-    for inp in [w.input_tokens, *r.sensitivity_input_tokens]:
+    lengths = [w.input_tokens, *(r.sensitivity_input_tokens if sensitivity else [])]
+    for inp in lengths:
         values = []
         for p in (num, den):
             spec = _workload_spec(f"{r.id}-{inp}", arrival, n, inp, w.output_tokens)
-            m, run = _run(p.model, p.hardware, p.serving_config(), spec)
+            m, run = _run(
+                p.model,
+                p.hardware,
+                p.serving_config(),
+                spec,
+                engine_id=p.engine_profile,
+                profiles=profiles,
+            )
             values.append(_metric_value(p, m, run.stats.num_gpus))
         spread.append((inp, values[0] / values[1]))
     published = num.value / den.value
@@ -362,20 +501,24 @@ def calibrate(
     ratios: Sequence[CalibrationRatio] | None = None,
     *,
     max_requests: int = DEFAULT_MAX_REQUESTS,
+    profiles: Profiles | None = None,
 ) -> CalibrationReport:
     """The whole calibration: every point's row, the error summaries and the ratio checks
     (default: everything in ``calibration.toml``)."""
     t0 = time.perf_counter()
     pts = list(points) if points is not None else load_calibration()
     rats = list(ratios) if ratios is not None else load_ratios()
-    rows = [simulate_point(p, max_requests=max_requests) for p in pts]
+    rows = [simulate_point(p, max_requests=max_requests, profiles=profiles) for p in pts]
     summaries = [
         _summary(ALL, rows),
         _summary(FAMILY_VLLM, [r for r in rows if r.family == FAMILY_VLLM]),
         _summary(FAMILY_TRT, [r for r in rows if r.family == FAMILY_TRT]),
+        *regime_summaries(rows),
     ]
     by_id = {p.id: p for p in load_calibration()} | {p.id: p for p in pts}
-    ratio_rows = [simulate_ratio(r, by_id, max_requests=max_requests) for r in rats]
+    ratio_rows = [
+        simulate_ratio(r, by_id, max_requests=max_requests, profiles=profiles) for r in rats
+    ]
     return CalibrationReport(
         rows=rows,
         summaries=summaries,
@@ -383,6 +526,338 @@ def calibrate(
         max_requests=max_requests,
         wall_s=time.perf_counter() - t0,
     )
+
+
+# --- fitting ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One fitted number: a field of an engine or hardware profile (``targets`` lists the
+    profile ids that share it, e.g. the H100 and H200 share their silicon's compute
+    efficiency), searched within ``[lo, hi]`` in log space, pulled toward ``prior``."""
+
+    kind: str
+    """``engine`` or ``hardware``."""
+    targets: tuple[str, ...]
+    field: str
+    prior: float
+    """The judgment value the fit is pulled toward (see :data:`PRIOR_WEIGHT`)."""
+    lo: float
+    hi: float
+
+    @property
+    def name(self) -> str:
+        return f"{'+'.join(self.targets)}.{self.field}"
+
+
+FIT_PARAMS: tuple[Param, ...] = (
+    # Priors (judgment, before any fit): vLLM's pre-calibration 1.4 ms step and 3 us per
+    # sequence; 0.2 ms of worker synchronisation per TP step; a few ms of HTTP and chat-template
+    # work per request and ~1 us per prompt token for a fast tokenizer; kernels at the
+    # hardware's efficiency; the GPUs' pre-calibration efficiencies (0.85 bandwidth; 0.60
+    # compute, 0.75 on the A100).
+    Param("engine", ("vllm",), "step_overhead_ms", 1.4, 0.2, 8.0),
+    Param("engine", ("vllm",), "per_seq_overhead_us", 3.0, 0.5, 500.0),
+    Param("engine", ("vllm",), "tp_step_overhead_ms", 0.2, 0.01, 10.0),
+    Param("engine", ("vllm",), "api_request_ms", 2.0, 0.01, 100.0),
+    Param("engine", ("vllm",), "api_per_token_us", 1.0, 0.01, 100.0),
+    Param("engine", ("vllm",), "attention_scale", 1.0, 0.1, 3.0),
+    Param("engine", ("tensorrt-llm",), "step_overhead_ms", 1.4, 0.2, 8.0),
+    Param("engine", ("tensorrt-llm",), "per_seq_overhead_us", 3.0, 0.5, 500.0),
+    Param("engine", ("tensorrt-llm",), "gemm_scale", 1.0, 0.5, 3.0),
+    Param("engine", ("tensorrt-llm",), "attention_scale", 1.0, 0.1, 3.0),
+    Param("hardware", ("h100-sxm",), "mem_efficiency", 0.85, 0.6, 0.95),
+    Param("hardware", ("h200",), "mem_efficiency", 0.85, 0.6, 0.95),
+    Param("hardware", ("h100-sxm", "h200"), "compute_efficiency", 0.6, 0.2, 0.9),
+    Param("hardware", ("a100-80gb",), "mem_efficiency", 0.85, 0.6, 0.95),
+    Param("hardware", ("a100-80gb",), "compute_efficiency", 0.75, 0.2, 0.9),
+    Param("hardware", ("rtx-4090",), "mem_efficiency", 0.85, 0.6, 0.95),
+    Param("hardware", ("rtx-4090",), "compute_efficiency", 0.6, 0.2, 0.9),
+    Param("hardware", ("l40s",), "compute_efficiency", 0.6, 0.2, 0.9),
+)
+"""What ``--fit`` fits. vLLM's GEMM efficiency is the hardware profile's own (its
+``gemm_scale`` stays 1): the hardware efficiencies are defined as what vLLM's kernels reach,
+and TensorRT-LLM's kernels are a ratio of that."""
+
+BEFORE: dict[str, float] = {
+    "vllm.step_overhead_ms": 1.4,
+    "vllm.per_seq_overhead_us": 3.0,
+    "vllm.tp_step_overhead_ms": 0.0,
+    "vllm.api_request_ms": 0.0,
+    "vllm.api_per_token_us": 0.0,
+    "vllm.attention_scale": 1.0,
+    "tensorrt-llm.step_overhead_ms": 1.4,
+    "tensorrt-llm.per_seq_overhead_us": 3.0,
+    "tensorrt-llm.gemm_scale": 1.0,
+    "tensorrt-llm.attention_scale": 1.0,
+    "h100-sxm.mem_efficiency": 0.85,
+    "h200.mem_efficiency": 0.85,
+    "h100-sxm+h200.compute_efficiency": 0.6,
+    "a100-80gb.mem_efficiency": 0.85,
+    "a100-80gb.compute_efficiency": 0.75,
+    "rtx-4090.mem_efficiency": 0.85,
+    "rtx-4090.compute_efficiency": 0.6,
+    "l40s.compute_efficiency": 0.6,
+}
+"""The model before this calibration (issue 18): one set of host overheads in the hardware
+profiles, no API server, no TP synchronisation, kernels at the judgment efficiencies. The
+report's "before" column simulates the same points with these numbers."""
+
+
+def before_profiles() -> Profiles:
+    """The shipped profiles with :data:`BEFORE`'s numbers."""
+    return apply_params(FIT_PARAMS, [BEFORE[q.name] for q in FIT_PARAMS], shipped_profiles())
+
+
+PRIOR_WEIGHT = 0.1
+"""Weight of each parameter's pull toward its prior (judgment) value, per unit of log
+ratio: a parameter the points hardly constrain stays near it instead of wandering (a
+factor of two away costs as much as a 7% error on one source)."""
+FIT_MAX_REQUESTS = 500
+"""Requests simulated per point while fitting (the final table uses the usual cap)."""
+
+
+def _values(params: Sequence[Param], profiles: Profiles) -> list[float]:
+    engines, hw = profiles
+    out = []
+    for prm in params:
+        table = engines if prm.kind == "engine" else hw
+        out.append(float(getattr(table[prm.targets[0]], prm.field)))
+    return out
+
+
+def apply_params(params: Sequence[Param], values: Sequence[float], base: Profiles) -> Profiles:
+    """``base`` with the fitted fields set to ``values``."""
+    engines, hw = dict(base[0]), dict(base[1])
+    for prm, v in zip(params, values, strict=True):
+        table: dict[str, EngineProfile] | dict[str, HardwareProfile]
+        table = engines if prm.kind == "engine" else hw
+        for t in prm.targets:
+            table[t] = table[t].model_copy(update={prm.field: float(v)})  # type: ignore[index]
+    return engines, hw
+
+
+def _relevant(p: CalibrationPoint, params: Sequence[Param]) -> list[int]:
+    """Indices of the parameters that can change point ``p``'s simulated figure."""
+    return [
+        i
+        for i, prm in enumerate(params)
+        if (prm.kind == "engine" and p.engine_profile in prm.targets)
+        or (prm.kind == "hardware" and p.hardware in prm.targets)
+        if not (prm.field == "tp_step_overhead_ms" and p.tensor_parallel == 1)
+    ]
+
+
+@dataclass
+class FitResult:
+    params: list[Param]
+    values: list[float]
+    start: list[float]
+    points: list[str]
+    """Ids of the points fitted to."""
+    cost: float
+    evaluations: int
+    wall_s: float
+
+    def profiles(self, base: Profiles | None = None) -> Profiles:
+        return apply_params(self.params, self.values, base or shipped_profiles())
+
+    def named(self) -> dict[str, float]:
+        """Fitted value by parameter name."""
+        return {q.name: v for q, v in zip(self.params, self.values, strict=True)}
+
+
+def fit(
+    points: Sequence[CalibrationPoint],
+    *,
+    params: Sequence[Param] = FIT_PARAMS,
+    base: Profiles | None = None,
+    start: dict[str, float] | None = None,
+    ratios: Sequence[CalibrationRatio] = (),
+    max_requests: int = FIT_MAX_REQUESTS,
+    max_nfev: int | None = None,
+    log: bool = False,
+) -> FitResult:
+    """Least squares on log(simulated / published) over the simulable ``points`` and the
+    ``ratios`` (each ratio of two unsimulable points weighs as one source; its only
+    measurement of the L40S fits that GPU's compute efficiency).
+
+    Each source (``group``) weighs the same in total (a point's weight is 1 / sqrt(points of
+    its source)), so one source with many points does not outvote the others; each parameter
+    is pulled toward its ``prior`` with :data:`PRIOR_WEIGHT`. A point is re-simulated
+    only when a parameter it depends on changed (results are cached by those values).
+    Parameters the points do not touch are left out of the search. ``start``: values to
+    start from by parameter name (default: the shipped ones).
+    """
+    from scipy.optimize import least_squares  # a benchmark-only dependency (dev extra)
+
+    t0 = time.perf_counter()
+    base = base or shipped_profiles()
+    pts = [p for p in points if p.simulable]
+    every = {p.id: p for p in load_calibration()}
+    rats = [(r, every[r.numerator], every[r.denominator]) for r in ratios]
+    rat_rel = [sorted(set(_relevant(a, params)) | set(_relevant(b, params))) for _, a, b in rats]
+    used = sorted({i for p in pts for i in _relevant(p, params)} | {i for r in rat_rel for i in r})
+    prm = [params[i] for i in used]
+    shipped = _values(prm, base)
+    priors = [q.prior for q in prm]
+    named = start or {}
+    x_start = [
+        min(max(named.get(q.name, v), q.lo * 1.0001), q.hi / 1.0001)
+        for q, v in zip(prm, shipped, strict=True)
+    ]
+    counts: dict[str, int] = {}
+    for p in pts:
+        counts[p.source_group] = counts.get(p.source_group, 0) + 1
+    weights = [1.0 / math.sqrt(counts[p.source_group]) for p in pts]
+    rel = [_relevant(p, prm) for p in pts]
+    rat_rel = [sorted(set(_relevant(a, prm)) | set(_relevant(b, prm))) for _, a, b in rats]
+    cache: dict[tuple[str, tuple[float, ...]], float] = {}
+    calls = 0
+
+    def residuals(logx: np.ndarray) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        x = np.exp(logx)
+        profiles = apply_params(prm, x.tolist(), base)
+        out = []
+        for p, w, idx in zip(pts, weights, rel, strict=True):
+            key = (p.id, tuple(round(float(x[i]), 12) for i in idx))
+            if key not in cache:
+                row = simulate_point(p, max_requests=max_requests, profiles=profiles)
+                sim = row.simulated if row.simulated is not None else p.value * 1e3
+                cache[key] = math.log(max(sim, 1e-9) / p.value)
+            out.append(w * cache[key])
+        for (r, _, _), idx in zip(rats, rat_rel, strict=True):
+            key = (r.id, tuple(round(float(x[i]), 12) for i in idx))
+            if key not in cache:
+                rr = simulate_ratio(
+                    r, every, max_requests=max_requests, profiles=profiles, sensitivity=False
+                )
+                cache[key] = math.log(rr.simulated / rr.published)
+            out.append(cache[key])
+        out += [PRIOR_WEIGHT * (lx - math.log(s)) for lx, s in zip(logx, priors, strict=True)]
+        if log:
+            print(f"  eval {calls}: cost {0.5 * sum(r * r for r in out):.5f}", flush=True)
+        return np.asarray(out)
+
+    lo = np.log([q.lo for q in prm])
+    hi = np.log([q.hi for q in prm])
+    res = least_squares(
+        residuals,
+        np.log(x_start),
+        bounds=(lo, hi),
+        diff_step=0.03,
+        x_scale=1.0,
+        max_nfev=max_nfev,
+        xtol=1e-3,
+        ftol=1e-4,
+    )
+    return FitResult(
+        params=prm,
+        values=np.exp(res.x).tolist(),
+        start=x_start,
+        points=[p.id for p in pts],
+        cost=float(res.cost),
+        evaluations=calls,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """One source left out of the fit and predicted by the rest."""
+
+    group: str
+    rows: list[Row]
+    fitted: dict[str, float]
+
+
+def leave_one_source_out(
+    points: Sequence[CalibrationPoint],
+    *,
+    groups: Sequence[str] | None = None,
+    params: Sequence[Param] = FIT_PARAMS,
+    start: FitResult | None = None,
+    ratios: Sequence[CalibrationRatio] = (),
+    max_requests: int = FIT_MAX_REQUESTS,
+    max_nfev: int | None = None,
+    log: bool = False,
+) -> list[HeldOut]:
+    """For each vLLM/SGLang source (or the given ``groups``): fit on every other point,
+    then simulate the held-out source's points with that fit. ``start`` warm-starts each
+    refit from a full fit (the answer is the same; it only takes fewer steps)."""
+    pts = [p for p in points if p.simulable]
+    if groups is None:
+        groups = sorted({p.source_group for p in pts if FAMILY_OF[p.engine] == FAMILY_VLLM})
+    x0 = None if start is None else start.named()
+    out = []
+    for g in groups:
+        train = [p for p in pts if p.source_group != g]
+        test = [p for p in pts if p.source_group == g]
+        if log:
+            print(f"leave out {g}: fit on {len(train)} points", flush=True)
+        res = fit(
+            train,
+            params=params,
+            start=x0,
+            ratios=ratios,
+            max_requests=max_requests,
+            max_nfev=max_nfev,
+        )
+        profiles = res.profiles()
+        rows = [simulate_point(p, max_requests=max_requests, profiles=profiles) for p in test]
+        out.append(HeldOut(group=g, rows=rows, fitted=res.named()))
+    return out
+
+
+def _set_toml_value(path: Path, field: str, value: float) -> None:
+    """Rewrite ``field = <number>`` in a profile file, keeping any trailing comment."""
+    text = path.read_text()
+    pattern = re.compile(rf"^({re.escape(field)} = )[-+0-9.eE]+", re.M)
+    new, n = pattern.subn(lambda m: f"{m.group(1)}{value:.4g}", text, count=1)
+    if n != 1:
+        raise SystemExit(f"{path}: no '{field} = <number>' line to update")
+    path.write_text(new)
+
+
+def write_profiles(result: FitResult) -> list[Path]:
+    """Write the fitted values into the shipped profile files (what ``--fit --write``
+    does); returns the files changed."""
+    changed: list[Path] = []
+    for q, v in zip(result.params, result.values, strict=True):
+        for t in q.targets:
+            folder = "engines" if q.kind == "engine" else "hardware"
+            path = PROFILES_DIR / folder / f"{t}.toml"
+            _set_toml_value(path, q.field, v)
+            if path not in changed:
+                changed.append(path)
+    engine_profiles.cache_clear()
+    hardware_profiles.cache_clear()
+    return changed
+
+
+def h200_over_h100(profiles: Profiles | None = None) -> dict[str, float]:
+    """Simulated vLLM speed of an H200 over an H100 on the same work (noise off): offline
+    throughput of Llama-3.1-8B bf16 at 1,000/1,000 tokens (1,000 requests), and batch-1
+    decode (TPOT at 128/512 tokens, one request at a time)."""
+    out: dict[str, float] = {}
+    offline = _workload_spec("h200-ratio-offline", ArrivalSpec(kind="offline"), 1000, 1000, 1000)
+    single = _workload_spec(
+        "h200-ratio-batch1", ArrivalSpec(kind="concurrency", concurrency=1), 8, 128, 512
+    )
+    cfg = ServingConfig()
+    m = {
+        hw: (
+            _run("llama-3.1-8b", hw, cfg, offline, profiles=profiles)[0],
+            _run("llama-3.1-8b", hw, cfg, single, profiles=profiles)[0],
+        )
+        for hw in ("h100-sxm", "h200")
+    }
+    out["offline throughput"] = m["h200"][0].output_throughput / m["h100-sxm"][0].output_throughput
+    out["batch-1 decode"] = m["h100-sxm"][1].tpot_ms.mean / m["h200"][1].tpot_ms.mean
+    return out
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -481,6 +956,87 @@ def render(report: CalibrationReport, *, markdown: bool) -> str:
     return "\n".join(parts)
 
 
+def render_fit(result: FitResult) -> str:
+    rows = [
+        [q.name, f"{a:.4g}", f"{v:.4g}", f"{q.lo:g}-{q.hi:g}"]
+        for q, a, v in zip(result.params, result.start, result.values, strict=True)
+    ]
+    return "\n".join(
+        [
+            _text_table(["parameter", "start", "fitted", "bounds"], rows),
+            "",
+            f"{len(result.points)} points, cost {result.cost:.5f}, {result.evaluations} "
+            f"evaluations, {result.wall_s:.0f} s.",
+        ]
+    )
+
+
+def render_loso(
+    held: Sequence[HeldOut],
+    fitted: CalibrationReport,
+    *,
+    markdown: bool,
+    before: CalibrationReport | None = None,
+) -> str:
+    """Per point: the error before the calibration (when given), with the full fit and with
+    the fit that left the point's source out; then median and worst absolute error per
+    regime for each."""
+    table = _markdown_table if markdown else _text_table
+    fit_err = {r.id: r.error for r in fitted.rows}
+    before_err = {} if before is None else {r.id: r.error for r in before.rows}
+    rows: list[Row] = [r for h in held for r in h.rows]
+    cells = [
+        [
+            r.id,
+            r.group,
+            ", ".join(r.regimes),
+            _num(r.published, r.unit),
+            _pct(before_err.get(r.id)),
+            _pct(fit_err.get(r.id)),
+            _pct(r.error),
+        ]
+        for r in rows
+    ]
+    header = ["id", "source", "regimes", "published", "before", "fit", "held out"]
+
+    def by_id(report: CalibrationReport | None) -> list[Row]:
+        if report is None:
+            return []
+        keep = {r.id for r in rows}
+        return [r for r in report.rows if r.id in keep]
+
+    sums = []
+    for name, group_rows in (
+        ("before", by_id(before)),
+        ("fit", by_id(fitted)),
+        ("held out", rows),
+    ):
+        if not group_rows:
+            continue
+        for sm in [_summary(FAMILY_VLLM, group_rows), *regime_summaries(group_rows)]:
+            sums.append(
+                [
+                    sm.group,
+                    name,
+                    str(sm.points),
+                    _pct(sm.median_abs_error, signed=False),
+                    _pct(sm.max_abs_error, signed=False),
+                    _pct(sm.mean_error),
+                ]
+            )
+    sums.sort(key=lambda c: (c[0] != FAMILY_VLLM, c[0]))
+    return "\n".join(
+        [
+            table(header, cells),
+            "",
+            "Absolute error per regime: before the calibration, with the full fit, and held out "
+            "(each source predicted by a fit without it):",
+            "",
+            table(["points", "model", "n", "median", "worst", "bias"], sums),
+        ]
+    )
+
+
 def main() -> None:
     doc = __doc__ or ""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -492,11 +1048,58 @@ def main() -> None:
         default=DEFAULT_MAX_REQUESTS,
         help="largest request count simulated per point (default %(default)s)",
     )
+    ap.add_argument("--fit", action="store_true", help="fit the profiles' numbers first")
+    ap.add_argument(
+        "--write", action="store_true", help="with --fit: write the fitted numbers to profiles/"
+    )
+    ap.add_argument("--loso", action="store_true", help="also run the leave-one-source-out check")
+    ap.add_argument("--max-nfev", type=int, default=None, help="limit the fit's evaluations")
+    ap.add_argument(
+        "--start",
+        type=Path,
+        metavar="JSON",
+        help="start the fit from the fitted values in a previous --json report",
+    )
     args = ap.parse_args()
-    report = calibrate(max_requests=args.max_requests)
-    print(render(report, markdown=args.markdown))
+    points = load_calibration()
+    profiles: Profiles | None = None
+    result: FitResult | None = None
+    if args.fit:
+        start = None
+        if args.start is not None:
+            prev = json.loads(args.start.read_text())["fit"]
+            start = {
+                Param(**q).name: v for q, v in zip(prev["params"], prev["values"], strict=True)
+            }
+        result = fit(points, start=start, ratios=load_ratios(), max_nfev=args.max_nfev, log=True)
+        print(render_fit(result), flush=True)
+        profiles = result.profiles()
+        if args.write:
+            for path in write_profiles(result):
+                print(f"wrote {path.relative_to(ROOT)}")
+            profiles = None
+    report = calibrate(max_requests=args.max_requests, profiles=profiles)
+    print(render(report, markdown=args.markdown), flush=True)
+    ratio = h200_over_h100(profiles)
+    print(
+        "\nSimulated vLLM H200 / H100 speed: "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items())
+    )
+    held: list[HeldOut] = []
+    if args.loso:
+        held = leave_one_source_out(
+            points, start=result, ratios=load_ratios(), max_nfev=args.max_nfev, log=True
+        )
+        before = calibrate(points, ratios=[], profiles=before_profiles())
+        print("")
+        print(render_loso(held, report, markdown=args.markdown, before=before))
     if args.json is not None:
-        args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")
+        out = asdict(report) | {
+            "h200_over_h100": ratio,
+            "fit": None if result is None else asdict(result),
+            "loso": [asdict(h) for h in held],
+        }
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

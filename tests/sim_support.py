@@ -15,9 +15,11 @@ from servegym.engines.config import ServingConfig
 from servegym.engines.sim.engine import SimRun, simulate
 from servegym.engines.sim.launch import LaunchedEngine, launch
 from servegym.engines.sim.profiles import (
+    EngineProfile,
     HardwareProfile,
     ModelProfile,
     PeakCompute,
+    get_engine,
     hardware_profiles,
     model_profiles,
 )
@@ -36,7 +38,6 @@ H100 = HardwareProfile(
     peak_tflops=PeakCompute(bf16=989.0, fp8=1979.0, int8=1979.0),
     mem_efficiency=0.8,
     compute_efficiency=0.6,
-    step_overhead_ms=0.6,
     eager_overhead_ms=3.0,
     interconnect_gbs=360.0,
     allreduce_latency_us=6.0,
@@ -55,7 +56,6 @@ A100 = HardwareProfile(
     peak_tflops=PeakCompute(bf16=312.0, int8=624.0),
     mem_efficiency=0.8,
     compute_efficiency=0.6,
-    step_overhead_ms=0.7,
     eager_overhead_ms=3.5,
     interconnect_gbs=240.0,
     allreduce_latency_us=8.0,
@@ -74,7 +74,6 @@ L40S = HardwareProfile(
     peak_tflops=PeakCompute(bf16=362.0, fp8=733.0, int8=733.0),
     mem_efficiency=0.8,
     compute_efficiency=0.6,
-    step_overhead_ms=0.7,
     eager_overhead_ms=3.5,
     interconnect_gbs=25.0,
     allreduce_latency_us=20.0,
@@ -158,10 +157,18 @@ def all_models() -> dict[str, ModelProfile]:
     return {**MODELS, **_shipped_models()}
 
 
+def no_api_engine() -> EngineProfile:
+    """The shipped vLLM engine profile without its API server, so requests reach the
+    scheduler the moment they arrive (for tests of the scheduler's own order)."""
+    return get_engine("vllm").model_copy(update={"api_request_ms": 0.0, "api_per_token_us": 0.0})
+
+
 def engine(
     model_id: str = "llama-3.1-8b",
     hw_id: str = "h100-sxm",
     family: str = "synthetic",
+    *,
+    engine_profile: EngineProfile | str = "vllm",
     **knobs: object,
 ) -> LaunchedEngine:
     """Launch on (shipped or hand-built) profiles with ServingConfig knobs."""
@@ -171,6 +178,7 @@ def engine(
         ServingConfig(**knobs),  # type: ignore[arg-type]
         workload_family=family,
         models=all_models(),
+        engine=engine_profile,
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 from servegym.engines.sim.calibration import CalibrationPoint, load_calibration
 from servegym.engines.sim.profiles import (
     ModelProfile,
+    get_engine,
     get_hardware,
     get_model,
     hardware_profiles,
@@ -96,9 +97,11 @@ def test_dense_peaks() -> None:
 def test_interconnects() -> None:
     hw = hardware_profiles()
     l40s = hw["l40s"]
-    assert l40s.interconnect_kind == "pcie", "the L40S has no NVLink"
+    pcie_cards = {"l40s", "rtx-4090"}
+    for card in pcie_cards:
+        assert hw[card].interconnect_kind == "pcie", f"the {card} has no NVLink"
     for h in hw.values():
-        if h.id != "l40s":
+        if h.id not in pcie_cards:
             assert h.interconnect_kind == "nvlink"
             assert h.interconnect_gbs >= 600
             assert h.interconnect_gbs > 5 * l40s.interconnect_gbs
@@ -109,9 +112,11 @@ def test_interconnects() -> None:
 
 def test_efficiencies_and_overheads_are_plausible() -> None:
     for h in hardware_profiles().values():
-        assert 0.75 <= h.mem_efficiency <= 0.9, f"{h.id}: streaming reaches 75-90% of peak"
-        assert 0.55 <= h.compute_efficiency <= 0.8, f"{h.id}: big GEMMs reach 55-80%"
-        assert 0.5 <= h.step_overhead_ms <= 3.0
+        # Fitted (docs/simulator.md, Calibration) within the fit's physical bounds: weight
+        # and KV streaming at 75-95% of peak bandwidth; vLLM's linear layers end to end at
+        # 20-80% of the dense peak (a quarter on H100/H200 by vLLM's published prefill rates).
+        assert 0.75 <= h.mem_efficiency <= 0.95, f"{h.id}: streaming reaches 75-95% of peak"
+        assert 0.2 <= h.compute_efficiency <= 0.8, f"{h.id}: layers reach 20-80% of peak"
         assert h.eager_overhead_ms > 0, "eager mode must cost something at small batch"
         assert h.cuda_graph_capture_s + h.compile_s > 0, "eager mode must save start-up time"
         assert 0 < h.activation_reserve_gib < 0.1 * h.memory_gib
@@ -121,10 +126,11 @@ def test_batch1_decode_roofline_matches_vllm() -> None:
     """Batch-1 TPOT ~ weight bytes / effective bandwidth + overhead: Llama-3.1-8B bf16 on
     H100 measures 7.07 ms in vLLM (issue #20780); the profile numbers give within 10%."""
     m, h = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    e = get_engine("vllm")
     bytes_per_param = quantization_profiles()["bf16"].bytes_per_param
     weights = m.num_parameters * bytes_per_param
     tpot_ms = weights / (h.hbm_bandwidth_tbs * 1e12 * h.mem_efficiency) * 1e3
-    tpot_ms += h.step_overhead_ms
+    tpot_ms += e.step_overhead_ms + e.per_seq_overhead_us * 1e-3
     assert tpot_ms == pytest.approx(7.07, rel=0.10)
 
 
@@ -260,7 +266,7 @@ def test_eagle_acceptance_reproduces_vllm_measurements() -> None:
 
 def test_calibration_points_validate() -> None:
     points = load_calibration()
-    assert 8 <= len(points) <= 15
+    assert len(points) >= 40
     assert len({p.id for p in points}) == len(points)
     for p in points:
         assert isinstance(p, CalibrationPoint)
@@ -268,6 +274,8 @@ def test_calibration_points_validate() -> None:
         p.serving_config()  # the knobs are real ServingConfig knobs
         if p.simulable and p.workload.dataset == "random":
             assert p.workload.input_tokens and p.workload.output_tokens
+        if not p.simulable:
+            assert p.not_simulable_reason, p.id
 
 
 def test_calibration_covers_the_regimes() -> None:

@@ -31,8 +31,8 @@ def test_1_batch1_decode_tpot_is_weight_bytes_over_bandwidth_plus_overhead() -> 
     weights = m.num_parameters * 2
     expected_ms = (
         weights / (hw.hbm_bandwidth_tbs * 1e12 * hw.mem_efficiency) * 1e3
-        + hw.step_overhead_ms
-        + hw.per_seq_overhead_us * 1e-3
+        + eng.cost.engine.step_overhead_ms
+        + eng.cost.engine.per_seq_overhead_us * 1e-3
     )
     assert tpot_ms == pytest.approx(expected_ms, rel=0.05)
     assert tpot_ms >= expected_ms
@@ -40,16 +40,18 @@ def test_1_batch1_decode_tpot_is_weight_bytes_over_bandwidth_plus_overhead() -> 
 
 def test_2_throughput_rises_with_max_num_seqs_then_saturates_while_latency_rises() -> None:
     """Output throughput grows almost linearly while decode is memory-bound (16 -> 64
-    sequences: > 2.5x), then saturates (256 -> 1024: < 1.15x, KV and compute bound), while
-    TPOT and E2E latency keep rising."""
+    sequences: > 2.2x; the 500-token prefills riding along keep it below 4x, more so since
+    the calibration priced vLLM's prefill at its measured rate), then flattens as the linear
+    layers turn compute-bound (64 -> 256: > 1.15x) and saturates (256 -> 1024: < 1.15x, KV
+    and compute bound), while TPOT and E2E latency keep rising."""
     wl = simple_workload([500] * 1024, [300] * 1024)
     thr, tpot = [], []
     for seqs in (4, 16, 64, 256, 1024):
         m = metrics(engine(max_num_seqs=seqs), wl, noise=False)
         thr.append(m.output_throughput)
         tpot.append(m.tpot_ms.p50)
-    assert thr[1] > 3.0 * thr[0] and thr[2] > 2.5 * thr[1]
-    assert thr[3] > 1.5 * thr[2]
+    assert thr[1] > 3.0 * thr[0] and thr[2] > 2.2 * thr[1]
+    assert thr[3] > 1.15 * thr[2]
     assert thr[4] < 1.15 * thr[3]
     assert tpot == sorted(tpot) and tpot[-1] > 2.0 * tpot[2]
 

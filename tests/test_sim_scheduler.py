@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
-from sim_support import engine, run, simple_workload, workload
+from sim_support import engine as _engine
+from sim_support import no_api_engine, run, simple_workload, workload
 
 from servegym.engines.config import SpeculativeConfig
 from servegym.engines.sim.cost_model import GIB
@@ -12,6 +15,13 @@ from servegym.engines.sim.engine import SimRun, simulate
 from servegym.engines.sim.launch import LaunchedEngine
 from servegym.workloads.model import Session, TokenArray, Turn, Workload
 from servegym.workloads.spec import ArrivalSpec, WorkloadSpec
+
+
+def engine(*args: Any, **kw: Any) -> LaunchedEngine:
+    """Launch with the shipped vLLM profile minus its API server: these tests check the
+    scheduler's own order, which the API server's pacing of simultaneous arrivals would
+    blur (tests/test_sim_engine_profiles.py checks the API server)."""
+    return _engine(*args, engine_profile=no_api_engine(), **kw)
 
 
 def _observe(

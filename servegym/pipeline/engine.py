@@ -80,7 +80,12 @@ def launch_pipeline(
     knobs = config.pipeline if config.pipeline is not None else PipelineKnobs()
     server = config.model_copy(update={"pipeline": None})
     main = launch(
-        model, hardware, server, workload_family=workload_family, available_gpus=task.max_gpus
+        model,
+        hardware,
+        server,
+        workload_family=workload_family,
+        available_gpus=task.max_gpus,
+        engine=task.sim_engine,
     )
     grade: LaunchedEngine | None = None
     if knobs.grade_server == "dedicated":
@@ -96,6 +101,7 @@ def launch_pipeline(
                 ServingConfig(max_num_seqs=knobs.grade_max_num_seqs),
                 workload_family=workload_family,
                 available_gpus=1,
+                engine=task.sim_engine,
             )
         except LaunchError as e:
             raise LaunchError(f"the grade server failed to start: {e.message}") from None

@@ -220,7 +220,7 @@ def workload_spec(loaded: LoadedTask, *, requests: int | None = None) -> tuple[W
 
 def _check_references(loaded: LoadedTask) -> None:
     """A sim task's model, hardware and workload must exist."""
-    from servegym.engines.sim.profiles import get_hardware, get_model
+    from servegym.engines.sim.profiles import get_engine, get_hardware, get_model
 
     task = loaded.task
     where = loaded.path / TASK_FILE
@@ -228,6 +228,7 @@ def _check_references(loaded: LoadedTask) -> None:
         try:
             get_model(task.model, "model")
             get_hardware(task.hardware, "hardware")
+            get_engine(task.sim_engine, "sim_engine")
         except UserError as e:
             raise UserError(f"{where}: {e.message}") from None
     workload_spec(loaded)

@@ -32,6 +32,7 @@ model = "llama-3.1-8b"       # a model profile (servegym sim --list)
 hardware = "h100-sxm"        # a hardware profile; its $/GPU-hour prices cost objectives
 # price_per_hour = 3.35      # $ per GPU-hour, to override the hardware profile's
 engines = ["sim"]            # a sim task's engines are ["sim"]
+# sim_engine = "vllm"        # the engine the simulator models: vllm | tensorrt-llm
 tags = ["balanced", "offline", "throughput"]
 
 # The config the submission is compared with: vLLM's defaults unless set here (any

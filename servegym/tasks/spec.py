@@ -317,6 +317,11 @@ class Task(_Strict):
         default=None, ge=0, description="$ per GPU-hour; default: the hardware profile's"
     )
     engines: list[Engine] = Field(min_length=1)
+    sim_engine: str = Field(
+        default="vllm",
+        description="sim track: which serving engine the simulator models (an engine profile "
+        "of servegym/engines/sim/profiles/engines/: vllm, tensorrt-llm)",
+    )
     max_gpus: int = Field(
         default=1, ge=1, le=8, description="GPUs the deployment may use (tensor parallel cap)"
     )
@@ -364,6 +369,10 @@ class Task(_Strict):
             raise ValueError(f"a {self.track} task's engines must be {list(traits.engines)}")
         if traits.simulated and self.budget.sim_gpu_seconds is None:
             raise ValueError(f"a {self.track} task needs budget.sim_gpu_seconds")
+        if not traits.simulated and self.sim_engine != "vllm":
+            raise ValueError(
+                f"sim_engine is for sim tasks; the {self.track} track runs real engines"
+            )
         if not traits.simulated and self.budget.wall_seconds is None:
             raise ValueError(f"a {self.track} task needs budget.wall_seconds")
         allowed = traits.engines

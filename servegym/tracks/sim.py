@@ -167,8 +167,9 @@ class SimTrack(Track):
     ) -> SimEngine:  # fmt: skip
         """Start ``config`` for ``task``, or raise :class:`LaunchError`."""
         return launch(
-            model, hardware, config, workload_family=workload_family, available_gpus=task.max_gpus
-        )
+            model, hardware, config, workload_family=workload_family,
+            available_gpus=task.max_gpus, engine=task.sim_engine,
+        )  # fmt: skip
 
     def knobs(self, task: Task, model: ModelProfile, hardware: HardwareProfile) -> list[KnobInfo]:
         """The knobs an agent may set, with their defaults on ``model`` and ``hardware``."""

@@ -41,6 +41,7 @@ Metric = Literal[
     "tpot_ms",  # mean time per output token after the first
     "ttft_ms",  # mean time to first token
     "itl_ms",  # mean inter-token latency
+    "e2e_ms",  # mean request latency, send to last token
 ]
 Arrival = Literal["offline", "concurrency", "poisson", "mlperf-server"]
 Regime = Literal["memory-bound", "compute-bound", "mixed"]
@@ -108,6 +109,11 @@ class CalibrationPoint(_Data):
     short_source: str | None = Field(
         default=None, description="a few words naming the source, for tables"
     )
+    group: str | None = Field(
+        default=None,
+        description="the independent source (publisher and measurement campaign) the point "
+        "belongs to, for leave-one-source-out checks; default: the short source name",
+    )
     url: str = Field(pattern=r"^https?://")
     date: str | None = Field(default=None, description="publication date, YYYY-MM[-DD]")
     model: str = Field(description="model profile id")
@@ -140,6 +146,18 @@ class CalibrationPoint(_Data):
     def label(self) -> str:
         """The short source name (``short_source``, else the title up to its first comma)."""
         return self.short_source or self.source.split(",")[0]
+
+    @property
+    def source_group(self) -> str:
+        """The independent source this point is held out with (``group``, else the label)."""
+        return self.group or self.label
+
+    @property
+    def engine_profile(self) -> str:
+        """The simulated engine profile for this point: TensorRT-LLM's own; vLLM for vLLM and
+        for SGLang (the same kind of scheduler and kernels; one SGLang point is too few to
+        fit a profile of its own)."""
+        return "tensorrt-llm" if self.engine == "tensorrt-llm" else "vllm"
 
     @field_validator("serving")
     @classmethod

@@ -21,18 +21,23 @@ A step runs every scheduled token through the model once. Its time is the sum of
 - **speculative proposing**: ``draft_steps`` passes over the decoding requests, each a
   roofline of the draft's weights and FLOPs plus its KV reads and ``draft_step_overhead_ms``;
   a draft model also prefills every prompt (see :mod:`servegym.engines.sim.speculative`);
-- **overheads**: ``step_overhead_ms`` (scheduling, sampling, output processing) on every
-  step plus ``per_seq_overhead_us`` per scheduled request, and ``eager_overhead_ms`` of
-  kernel launches (scaled by layers / 32: the profiles' figure is for a 32-layer model) on
-  steps that run without a CUDA graph: every step in eager mode, and otherwise steps of more
-  than :data:`~servegym.engines.sim.defaults.CUDA_GRAPH_MAX_CAPTURE_SIZE` tokens (vLLM v1
-  captures piecewise graphs by token count, mixed prefill/decode batches included, up to that
-  size). The eager overhead is added, not overlapped: at small batch the GPU idles while
-  Python launches kernels; at large batch it is a small share of a long step anyway.
+- **overheads** (the engine profile's, :class:`~servegym.engines.sim.profiles.EngineProfile`):
+  ``step_overhead_ms`` (scheduling, sampling, output processing) on every step plus
+  ``per_seq_overhead_us`` per scheduled request (host work that grows with the batch), plus
+  ``tp_step_overhead_ms`` on every step under tensor parallel (worker synchronisation), and
+  the hardware's ``eager_overhead_ms`` of kernel launches (scaled by layers / 32: the
+  profiles' figure is for a 32-layer model) on steps that run without a CUDA graph: every
+  step in eager mode, and otherwise steps of more than
+  :data:`~servegym.engines.sim.defaults.CUDA_GRAPH_MAX_CAPTURE_SIZE` tokens (vLLM v1 captures
+  piecewise graphs by token count, mixed prefill/decode batches included, up to that size).
+  The overheads are added, not overlapped: at small batch the GPU idles while the host
+  works; at large batch they are a small share of a long step. (The engine's API server,
+  which every request passes before it is scheduled, is modelled in the scheduler.)
 
 BW is ``hbm_bandwidth x mem_efficiency`` and every peak is scaled by
-``compute_efficiency``. Weights and KV heads are split over the TP GPUs (KV heads are
-replicated when TP exceeds them). Summing the kernel classes (rather than one roofline over
+``compute_efficiency`` (times the engine's ``gemm_scale`` for the linear layers and
+``attention_scale`` for attention). Weights and KV heads are split over the TP GPUs (KV heads
+are replicated when TP exceeds them). Summing the kernel classes (rather than one roofline over
 the whole step) reflects that they run one after another: in a mid-size decode batch the
 GEMMs may be compute-bound while attention is still memory-bound.
 
@@ -47,7 +52,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from servegym.engines.sim.profiles import HardwareProfile, ModelProfile, QuantizationProfile
+from servegym.engines.sim.profiles import (
+    EngineProfile,
+    HardwareProfile,
+    ModelProfile,
+    QuantizationProfile,
+)
 from servegym.engines.sim.speculative import SpecPlan
 
 FloatArray = npt.NDArray[np.float64]
@@ -113,6 +123,7 @@ class CostModel:
         graph_max_tokens: int,
         eager: bool,
         spec: SpecPlan | None,
+        engine: EngineProfile,
     ) -> None:
         """``weight_only_dequant``: the dequantization overhead a format pays when the GPU
         has no tensor cores for it and it runs weight-only at bf16 rate (fp8 on an A100)."""
@@ -122,21 +133,27 @@ class CostModel:
         self.spec = spec
         self.graph_max_tokens = graph_max_tokens
         self.eager = eager
+        self.engine = engine
 
         h, v = model.hidden_size, model.vocab_size
         embed = float(v * h)
         lm_head = 0.0 if model.tie_word_embeddings else embed
         body = model.num_parameters - embed - lm_head
         self.body_params = body
-        # Weights: the body in the weight format; embeddings and LM head stay 16-bit. Every
-        # step reads all of them (the profiles' efficiency factors are fitted that way).
-        wbytes = body * quant.bytes_per_param + (embed + lm_head) * act_bytes
+        # Weights: the body in the weight format; embeddings and LM head stay 16-bit (32-bit
+        # under dtype=float32, which also stores an unquantized body in 4 bytes). Every step
+        # reads all of them (the profiles' efficiency factors are fitted that way).
+        body_bytes = act_bytes if quant.format == "bf16" else quant.bytes_per_param
+        wbytes = body * body_bytes + (embed + lm_head) * act_bytes
         # Checkpoint on disk: fp8 is quantized online from the bf16 checkpoint.
         ckpt = wbytes if quant.format != "fp8" else model.num_parameters * act_bytes
 
         bw = hw.hbm_bandwidth_tbs * 1e12 * hw.mem_efficiency
-        ce = hw.compute_efficiency
+        ce = hw.compute_efficiency * engine.gemm_scale
         peak_bf16 = hw.peak_tflops.bf16 * 1e12 * ce
+        peak_attn = hw.peak_tflops.bf16 * 1e12 * hw.compute_efficiency * engine.attention_scale
+        if act_bytes >= 4:
+            peak_attn /= 2.0
         if act_bytes >= 4:
             peak_bf16 /= 2.0  # fp32 activations: TF32 at half the 16-bit rate
         dequant = 1.0 + quant.dequant_overhead
@@ -161,7 +178,7 @@ class CostModel:
         self.a_lm = 2.0 * v * h / tp / peak_bf16
         self.a_kv = kv_tok_gpu / bw
         self.a_attn = 4.0 * model.num_layers * (model.num_attention_heads / tp) * model.head_dim
-        self.a_attn /= peak_bf16
+        self.a_attn /= peak_attn
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             per_ar_bytes = h * act_bytes * ring / (hw.interconnect_gbs * 1e9)
@@ -171,8 +188,10 @@ class CostModel:
             self.c_comm = 0.0
             self.a_comm = 0.0
         layers = model.num_layers / REFERENCE_LAYERS
-        self.c_step = hw.step_overhead_ms * 1e-3
-        self.c_seq = hw.per_seq_overhead_us * 1e-6
+        self.c_step = engine.step_overhead_ms * 1e-3
+        if tp > 1:
+            self.c_step += engine.tp_step_overhead_ms * 1e-3
+        self.c_seq = engine.per_seq_overhead_us * 1e-6
         self.c_eager = hw.eager_overhead_ms * 1e-3 * layers
 
         # Speculative proposer: draft_steps passes over the decoding requests per step.

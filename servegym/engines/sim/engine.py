@@ -21,9 +21,11 @@ must send the same values for the tracks to agree.
 What is approximated, in one place (each is explained where it is modelled): speculative
 acceptance by its expectation (:mod:`.speculative`); decoding requests scheduled ahead of
 running prefill chunks (:mod:`.scheduler`); the step's CPU overhead added to its GPU time
-(no overlap from asynchronous scheduling); tokens streamed at the end of the step that made
-them, with no API-server, network or detokenization latency on top; the activation reserve
-scaled with the token budget (:mod:`.launch`).
+(no overlap from asynchronous scheduling); the API server as one queue that takes each
+request a fixed time plus a time per prompt token before the scheduler sees it (the engine
+profile's ``api_request_ms`` and ``api_per_token_us``, :mod:`.scheduler`); tokens streamed at
+the end of the step that made them, with no network or client latency on top; the
+activation reserve scaled with the token budget (:mod:`.launch`).
 
 Records are in virtual nanoseconds from the start of the run (the warm-up phase's start):
 ``scheduled_ns = sent_ns`` = arrival (the simulated client never lags), one chunk per engine

@@ -44,9 +44,11 @@ from servegym.engines.sim.defaults import (
     resolve,
 )
 from servegym.engines.sim.profiles import (
+    EngineProfile,
     HardwareProfile,
     ModelProfile,
     QuantizationProfile,
+    get_engine,
     get_hardware,
     get_model,
     model_profiles,
@@ -55,6 +57,8 @@ from servegym.engines.sim.profiles import (
 from servegym.engines.sim.speculative import SpecPlan, method_profile
 from servegym.engines.sim.speculative import plan as spec_plan
 
+DEFAULT_ENGINE = "vllm"
+"""The engine profile simulated unless a task or caller names another."""
 CUDA_CONTEXT_GIB = 0.6
 """Memory outside vLLM's fraction taken by the CUDA context and the torch allocator."""
 CUDA_GRAPH_POOL_GIB = 1.0
@@ -165,10 +169,13 @@ def launch(
     workload_family: str = "synthetic",
     models: Mapping[str, ModelProfile] | None = None,
     available_gpus: int = MAX_TENSOR_PARALLEL,
+    engine: str | EngineProfile = DEFAULT_ENGINE,
 ) -> LaunchedEngine:
     """Start the simulated engine, or raise :class:`LaunchError` as the engine would.
 
     ``available_gpus`` is how many GPUs the machine has (a task may grant fewer than 8).
+    ``engine`` is the engine profile simulated (``profiles/engines/``: vLLM by default; a
+    TensorRT-LLM-class engine for comparison): its host-side costs and kernel efficiency.
 
     ``workload_family`` (the workload's kind) selects speculative acceptance rates.
     ``models`` is where a draft model id is looked up (default: the shipped model
@@ -180,6 +187,7 @@ def launch(
     """
     m = _profile(model, "--model")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware(hardware)
+    eng = engine if isinstance(engine, EngineProfile) else get_engine(engine)
     _reject_pipeline(config)
     cfg = resolve(config, m, hw)
     env = dict(cfg.env)
@@ -189,7 +197,7 @@ def launch(
     _check_scheduler(cfg)
     spec = _speculative_plan(m, cfg, models, workload_family)
     quant = quantization_for(cfg.weight_format, cfg.quantization)
-    cost = _cost_model(m, hw, cfg, quant, spec)
+    cost = _cost_model(m, hw, cfg, quant, spec, eng)
     memory = _plan_memory(m, hw, cfg, quant, cost)
     return LaunchedEngine(
         model=m,
@@ -394,6 +402,7 @@ def _cost_model(
     cfg: ResolvedConfig,
     quant: QuantizationProfile,
     spec: SpecPlan | None,
+    engine: EngineProfile,
 ) -> CostModel:
     """The step-time and memory model of this model on this hardware with this config:
     weight format, activation and KV element sizes (1 byte for an fp8 KV cache), CUDA-graph
@@ -411,6 +420,7 @@ def _cost_model(
         graph_max_tokens=cfg.cuda_graph_max_tokens,
         eager=cfg.enforce_eager,
         spec=spec,
+        engine=engine,
     )
 
 

@@ -52,9 +52,6 @@ class HardwareProfile(_Data):
     compute_efficiency: float = Field(
         gt=0, le=1, description="achievable fraction of peak FLOP/s for large GEMMs"
     )
-    step_overhead_ms: float = Field(
-        ge=0, description="per engine step CPU scheduling + sampling overhead with CUDA graphs"
-    )
     eager_overhead_ms: float = Field(
         ge=0, description="extra per-step kernel-launch overhead in eager mode (no CUDA graphs)"
     )
@@ -64,12 +61,6 @@ class HardwareProfile(_Data):
     interconnect_kind: InterconnectKind = Field(
         default="nvlink",
         description="what links the GPUs of one server: NVLink-class or only PCIe",
-    )
-    per_seq_overhead_us: float = Field(
-        default=0.0,
-        ge=0,
-        description="extra CPU time per engine step for each running sequence (scheduling, "
-        "sampling, detokenizing), microseconds; added to step_overhead_ms",
     )
     allreduce_latency_us: float = Field(ge=0, description="latency of one small all-reduce")
     weight_load_gbs: float = Field(gt=0, description="checkpoint load rate into HBM, GB/s")
@@ -81,6 +72,47 @@ class HardwareProfile(_Data):
     price_per_hour: float = Field(ge=0, description="on-demand USD per GPU-hour")
     price_source: str
     sources: list[str] = Field(default_factory=list)
+
+
+class EngineProfile(_Data):
+    """What a serving engine pays beyond the GPU kernels (``profiles/engines/<id>.toml``).
+
+    The kernels' speed is the hardware profile's (bandwidth and compute efficiency); an
+    engine scales them (``gemm_scale``, ``attention_scale``: its kernels and fusion) and adds
+    host-side costs: the engine core's per-step work (``step_overhead_ms``), per-sequence
+    work that grows with the batch (``per_seq_overhead_us``: scheduling, sampling,
+    detokenizing and streaming each running request), the synchronisation of tensor-parallel
+    workers once per step (``tp_step_overhead_ms``), and the API server every request passes
+    through before it reaches the scheduler, one at a time (``api_request_ms`` plus
+    ``api_per_token_us`` per prompt token: HTTP, chat template, tokenisation). Every number
+    is fitted to published measurements by ``benchmarks/sim_calibration.py --fit``.
+    """
+
+    id: str
+    name: str
+    step_overhead_ms: float = Field(ge=0, description="host time per engine step, ms")
+    per_seq_overhead_us: float = Field(
+        ge=0, description="host time per scheduled request per step, microseconds"
+    )
+    tp_step_overhead_ms: float = Field(
+        ge=0, description="extra time per step when tensor parallel > 1 (worker sync), ms"
+    )
+    api_request_ms: float = Field(
+        ge=0, description="API-server time per request before scheduling (serialised), ms"
+    )
+    api_per_token_us: float = Field(
+        ge=0, description="API-server time per prompt token (tokenisation), microseconds"
+    )
+    gemm_scale: float = Field(
+        gt=0, le=3, description="multiplies the hardware's compute efficiency for GEMMs"
+    )
+    attention_scale: float = Field(
+        gt=0, le=3, description="multiplies the hardware's compute efficiency for attention"
+    )
+    fitted_on: list[str] = Field(
+        default_factory=list, description="calibration sources the numbers were fitted to"
+    )
+    notes: str = ""
 
 
 class ModelProfile(_Data):
@@ -180,6 +212,20 @@ def hardware_profiles() -> dict[str, HardwareProfile]:
 @cache
 def model_profiles() -> dict[str, ModelProfile]:
     return {k: _validate(ModelProfile, p) for k, p in _load_dir("models").items()}
+
+
+@cache
+def engine_profiles() -> dict[str, EngineProfile]:
+    return {k: _validate(EngineProfile, p) for k, p in _load_dir("engines").items()}
+
+
+def get_engine(engine_id: str, flag: str = "engine") -> EngineProfile:
+    profiles = engine_profiles()
+    if engine_id not in profiles:
+        raise UserError(
+            f"{flag}: unknown simulated engine '{engine_id}' (known: {', '.join(profiles)})"
+        )
+    return profiles[engine_id]
 
 
 @cache

@@ -23,6 +23,11 @@ Simplification: decoding requests are scheduled before running requests that are
 prefill (vLLM walks the running list in order; a request in prefill is almost always among
 the last admitted, so the two orders differ only when the budget runs out mid-list).
 
+**The API server.** A request reaches the waiting queue only after the engine's API
+server has taken it: one at a time, in arrival order, each for the engine profile's
+``api_request_ms`` plus ``api_per_token_us`` per prompt token (HTTP handling, chat template,
+tokenisation), overlapped with the GPU's steps. A burst thus enters at the server's pace.
+
 **Step cost and time.** The step's tokens, contexts and sampled positions go to the
 :class:`~servegym.engines.sim.cost_model.CostModel`; noise scales it. Every token a step
 produces is emitted at the step's end (one streamed chunk per request per step).
@@ -192,6 +197,16 @@ class Scheduler:
         self.wheap: list[tuple[int, int]] = []
         self.arrivals: list[tuple[float, int, int]] = []
         self._arrival_seq = 0
+        # The API server: requests pass through it one at a time, in arrival order, before
+        # they reach the scheduler (``front`` holds those not yet through; ``api_free`` is
+        # when it finishes the last one taken). Zero cost: arrivals go straight in.
+        eng = engine.cost.engine
+        self.api_req_s = eng.api_request_ms * 1e-3
+        self.api_tok_s = eng.api_per_token_us * 1e-6
+        self.api = self.api_req_s > 0 or self.api_tok_s > 0
+        self.front: list[tuple[float, int, int]] = []
+        self.api_free = 0.0
+        self.P_list: list[int] = prompt_len.tolist()
         self._admit_seq = 0
         self._memo: dict[int, tuple[int, IntArray, IntArray]] = {}
         self._blocked: tuple[int, int, int, int, int] | None = None
@@ -220,8 +235,32 @@ class Scheduler:
 
     def add_arrival(self, r: int, t: float) -> None:
         """Request ``r`` arrives at virtual time ``t`` (seconds)."""
-        heapq.heappush(self.arrivals, (t, self._arrival_seq, r))
+        if self.api:
+            heapq.heappush(self.front, (t, self._arrival_seq, r))
+        else:
+            heapq.heappush(self.arrivals, (t, self._arrival_seq, r))
         self._arrival_seq += 1
+
+    def _pump(self) -> None:
+        """Pass the requests that reached the API server by :attr:`now` through it, in
+        arrival order: each enters the scheduler when the server has finished it (after the
+        ones before it). Only arrivals up to ``now`` are taken, so one added later with an
+        earlier time than a queued one (a closed loop's next request) still goes first."""
+        front, now = self.front, self.now
+        while front and front[0][0] <= now:
+            t, seq, r = heapq.heappop(front)
+            done = max(t, self.api_free) + self.api_req_s + self.api_tok_s * self.P_list[r]
+            self.api_free = done
+            heapq.heappush(self.arrivals, (done, seq, r))
+
+    def _next_arrival(self) -> float | None:
+        """The earliest time a request could next enter the scheduler (a lower bound while
+        requests are still in front of the API server)."""
+        t = self.arrivals[0][0] if self.arrivals else None
+        if self.front:
+            f = self.front[0][0]
+            t = f if t is None or f < t else t
+        return t
 
     def _take_arrivals(self) -> None:
         arrivals, now = self.arrivals, self.now
@@ -252,14 +291,17 @@ class Scheduler:
         self.until = until
         idle_steps = 0
         while True:
+            if self.front and self.front[0][0] <= self.now:
+                self._pump()
             if self.arrivals and self.arrivals[0][0] <= self.now:
                 self._take_arrivals()
             if len(self.dec) == 0 and not self.pf and self._n_waiting == 0:
-                if not self.arrivals:
+                nxt = self._next_arrival()
+                if nxt is None:
                     return
-                if until is not None and self.arrivals[0][0] >= until:
+                if until is not None and nxt >= until:
                     return
-                self.now = max(self.now, self.arrivals[0][0])
+                self.now = max(self.now, nxt)
                 continue
             if until is not None and self.now >= until:
                 return
@@ -286,8 +328,9 @@ class Scheduler:
         is left."""
         if len(self.dec) or self.pf or self._n_waiting:
             return self.now
-        if self.arrivals:
-            return max(self.now, self.arrivals[0][0])
+        nxt = self._next_arrival()
+        if nxt is not None:
+            return max(self.now, nxt)
         return None
 
     # --- helpers ------------------------------------------------------------------------
@@ -1019,13 +1062,14 @@ class Scheduler:
         self.noise.apply(times, s0)
         ends = times.cumsum()
         ends += self.now
+        t_next = self._next_arrival()
         if (
-            self.arrivals
+            t_next is not None
             and n < self.max_seqs
             and (self._n_waiting == 0 or self.policy_priority or not self.chunked)
         ):
             # An arrival could be admitted: stop before the first step starting after it.
-            t_arr = self.arrivals[0][0]
+            t_arr = t_next
             if k > 1 and ends[k - 2] >= t_arr:
                 k = 1 + int(ends[: k - 1].searchsorted(t_arr, side="left"))
                 g_last = g0 + int(rel[k - 1])

@@ -1,0 +1,139 @@
+"""Engine profiles (``profiles/engines/``): what a serving engine pays beyond the GPU kernels,
+and how a sim task chooses the engine it simulates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sim_support import hardware, metrics, model, run, simple_workload
+
+from servegym.engines.config import ServingConfig
+from servegym.engines.sim.launch import launch
+from servegym.engines.sim.profiles import EngineProfile, engine_profiles, get_engine
+from servegym.errors import UserError
+from servegym.tasks.loader import load_task_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine(**fields: float) -> EngineProfile:
+    """The shipped vLLM profile with some fields replaced."""
+    return get_engine("vllm").model_copy(update=fields)
+
+
+def _launch(eng: EngineProfile, **knobs: object) -> object:
+    return launch(
+        model("llama-3.1-8b"),
+        hardware("h100-sxm"),
+        ServingConfig(**knobs),  # type: ignore[arg-type]
+        engine=eng,
+    )
+
+
+def test_shipped_engine_profiles_are_fitted_and_plausible() -> None:
+    profiles = engine_profiles()
+    assert {"vllm", "tensorrt-llm"} <= set(profiles)
+    for p in profiles.values():
+        assert p.fitted_on, f"{p.id}: every engine profile says what it was fitted to"
+        assert 0.2 <= p.step_overhead_ms <= 8.0
+        assert p.per_seq_overhead_us < 500
+    vllm, trt = profiles["vllm"], profiles["tensorrt-llm"]
+    assert vllm.gemm_scale == 1.0, "hardware efficiencies are defined as what vLLM reaches"
+    assert trt.gemm_scale >= vllm.gemm_scale, "TensorRT-LLM's kernels are not slower"
+
+
+def test_unknown_engine_is_a_user_error_naming_the_field() -> None:
+    with pytest.raises(UserError, match="sim_engine: unknown simulated engine 'tgi'"):
+        get_engine("tgi", "sim_engine")
+
+
+def test_api_server_serialises_a_burst() -> None:
+    """Every request passes through the API server one at a time: in a burst of n, the k-th
+    reaches the scheduler k x api_request_ms after it was sent and gets its first token a
+    step later; with no API cost all n are prefilled together."""
+    n, api_ms = 64, 25.0
+    wl = simple_workload([100] * n, [8] * n)
+
+    def ttfts_ms(eng: object) -> list[float]:
+        recs = run(eng, wl, noise=False).records  # type: ignore[arg-type]
+        return sorted((r.first_token_ns - r.sent_ns) / 1e6 for r in recs if r.first_token_ns)
+
+    free = ttfts_ms(_launch(_engine(api_request_ms=0.0, api_per_token_us=0.0)))
+    slow = ttfts_ms(_launch(_engine(api_request_ms=api_ms, api_per_token_us=0.0)))
+    assert max(free) - min(free) < 1e-6, "without an API cost the burst is one prefill step"
+    for k, t in enumerate(slow, start=1):
+        assert k * api_ms <= t <= k * api_ms + 20.0
+
+
+def test_api_server_charges_prompt_tokens() -> None:
+    """``api_per_token_us`` prices tokenisation: a lone 4,000-token prompt waits 4,000 x it
+    before its prefill starts."""
+    wl = simple_workload([4000], [4])
+    base = metrics(_launch(_engine(api_request_ms=0.0, api_per_token_us=0.0)), wl, noise=False)  # type: ignore[arg-type]
+    tok = metrics(_launch(_engine(api_request_ms=0.0, api_per_token_us=5.0)), wl, noise=False)  # type: ignore[arg-type]
+    assert tok.ttft_ms.mean - base.ttft_ms.mean == pytest.approx(4000 * 5.0 / 1000, rel=0.02)
+
+
+def test_api_server_keeps_a_closed_loop_going() -> None:
+    """A closed loop's next request arrives when one finishes and still passes the API server
+    before the scheduler: nothing stalls and every request is served."""
+    wl = simple_workload([200] * 40, [16] * 40, concurrency=8)
+    eng = _launch(_engine(api_request_ms=3.0, api_per_token_us=1.0))
+    sim = run(eng, wl, noise=False)  # type: ignore[arg-type]
+    assert all(r.http_status == 200 and r.output_tokens == 16 for r in sim.records)
+
+
+def test_per_sequence_cost_grows_with_the_batch() -> None:
+    eng = _launch(_engine(per_seq_overhead_us=50.0))
+    c = eng.cost  # type: ignore[attr-defined]
+    one = c.step_time(1.0, 1.0, 100.0, 100.0, 0.0, 1.0)
+    many = c.step_time(1.0, 1.0, 100.0, 100.0, 0.0, 201.0)
+    assert many - one == pytest.approx(200 * 50e-6, rel=1e-6)
+
+
+def test_tp_sync_is_paid_per_step_only_under_tensor_parallel() -> None:
+    eng = _engine(tp_step_overhead_ms=1.0)
+    tp1 = _launch(eng)
+    tp2 = _launch(eng, tensor_parallel_size=2)
+    tp2_free = _launch(_engine(tp_step_overhead_ms=0.0), tensor_parallel_size=2)
+    assert tp1.cost.c_step == pytest.approx(eng.step_overhead_ms * 1e-3)  # type: ignore[attr-defined]
+    assert tp2.cost.c_step - tp2_free.cost.c_step == pytest.approx(1e-3)  # type: ignore[attr-defined]
+
+
+def test_attention_scale_prices_attention_only() -> None:
+    half = _launch(_engine(attention_scale=0.5)).cost  # type: ignore[attr-defined]
+    full = _launch(_engine(attention_scale=1.0)).cost  # type: ignore[attr-defined]
+    assert half.a_attn == pytest.approx(2 * full.a_attn)
+    assert half.a_lin == pytest.approx(full.a_lin)
+
+
+def test_float32_weights_take_four_bytes_per_parameter() -> None:
+    """dtype = float32 stores and streams the whole model in 4 bytes per parameter (it was
+    priced as 2 for the body)."""
+    bf16 = _launch(get_engine("vllm"))
+    fp32 = _launch(get_engine("vllm"), dtype="float32")
+    assert fp32.cost.memory.weight_bytes_total == pytest.approx(  # type: ignore[attr-defined]
+        model("llama-3.1-8b").num_parameters * 4.0
+    )
+    assert fp32.cost.c_weights == pytest.approx(2 * bf16.cost.c_weights)  # type: ignore[attr-defined]
+
+
+def test_a_task_chooses_its_engine(tmp_path: Path) -> None:
+    """``sim_engine`` in a sim task selects the engine profile; an unknown one is refused
+    at load time naming the field; a real-track task cannot set it."""
+    src = ROOT / "tasks" / "offline-throughput-balanced"
+    folder = tmp_path / "offline-throughput-balanced"
+    folder.mkdir()
+    for f in src.iterdir():
+        (folder / f.name).write_text(f.read_text())
+    task_file = folder / "task.toml"
+    text = task_file.read_text()
+    assert load_task_folder(folder).task.sim_engine == "vllm"
+    task_file.write_text(
+        text.replace('engines = ["sim"]', 'engines = ["sim"]\nsim_engine = "tensorrt-llm"')
+    )
+    assert load_task_folder(folder).task.sim_engine == "tensorrt-llm"
+    task_file.write_text(text.replace('engines = ["sim"]', 'engines = ["sim"]\nsim_engine = "tgi"'))
+    with pytest.raises(UserError, match="sim_engine"):
+        load_task_folder(folder)
