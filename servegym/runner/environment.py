@@ -27,8 +27,9 @@ seconds where the task sets them) raises :class:`BudgetExhausted`; the experimen
 crosses the limit completes and is charged in full. The sim track counts no wall time
 unless the task sets ``budget.wall_seconds``, so its results stay deterministic.
 
-Every experiment is appended (and flushed) to ``experiments.jsonl`` as an
-:class:`ExperimentResult`, one per line.
+Every experiment is appended (and written through) to ``experiments.jsonl`` as an
+:class:`ExperimentResult`, one whole line each: a write that fails (a full disk) is cut
+back to the last whole line and ends the trial with one line (:attr:`write_error`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -48,8 +49,9 @@ from servegym.engines.pipeline_knobs import pipeline_knob_infos
 from servegym.engines.sim.defaults import KNOBS, knob_defaults
 from servegym.engines.sim.launch import LaunchError
 from servegym.engines.sim.profiles import get_hardware, get_model
-from servegym.errors import HarnessError
+from servegym.errors import HarnessError, UserError
 from servegym.pipeline.engine import launch_task
+from servegym.run_folder import PRIVATE_DIR, LineLog
 from servegym.runner.agent_watch import Action
 from servegym.scoring.objectives import ObjectiveMeasurement, measurement_improvement
 from servegym.tasks.loader import LoadedTask, workload_spec
@@ -123,16 +125,24 @@ class EnvironmentBase:
     on_experiment: Callable[[ExperimentResult], None] | None
     _specs: dict[bool, tuple[WorkloadSpec, Path]]
     _workloads: dict[bool, Workload]
-    _log: IO[str] | None
+    harness_error: str | None
+    _log: LineLog | None
+    write_error: UserError | None
+    """Set when ``experiments.jsonl`` could not be written (a full disk): the trial cannot be
+    recorded, so it ends with this one-line error and runs again next time."""
 
     def budget_left(self) -> BudgetState:
         raise NotImplementedError
 
     def _open_log(self, log_path: Path | None) -> None:
         self._log = None
+        self.write_error = None
         if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = log_path.open("w", encoding="utf-8")
+            try:
+                log_path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+                self._log = LineLog(log_path)
+            except OSError as e:
+                raise UserError(f"--out: cannot write {log_path}: {e.strerror or e}") from None
 
     def close(self) -> None:
         if self._log is not None:
@@ -180,8 +190,15 @@ class EnvironmentBase:
     def _record(self, result: ExperimentResult) -> ExperimentResult:
         self.experiments.append(result)
         if self._log is not None:
-            self._log.write(result.model_dump_json() + "\n")
-            self._log.flush()
+            try:
+                self._log.append(result.model_dump_json())
+            except OSError as e:  # a full disk: the log keeps its whole lines, the trial ends
+                self.write_error = UserError(
+                    f"--out: cannot write {self._log.path}: {e.strerror or e}; the trial is "
+                    "not recorded and runs again next time"
+                )
+                self.harness_error = self.write_error.message
+                raise HarnessError(self.harness_error) from None
         if self.on_experiment is not None:
             self.on_experiment(result)
         return result.model_copy(deep=True)

@@ -11,8 +11,8 @@ scored in a fresh evaluation on the hidden scoring workload.
   pair's :class:`~servegym.pipeline.result.PipelineResult` s (per-question records, stage
   times; :mod:`servegym.pipeline.files`);
 - ``trial.json``: the :class:`~servegym.runner.results.TrialResult` (written atomically,
-  last; its presence marks the trial finished, and a finished trial is skipped unless
-  ``force``);
+  last; a readable one marks the trial finished, and a finished trial is skipped unless
+  ``force``, whose re-run replaces it only once complete: :mod:`servegym.runner.folders`);
 - ``agent_error.txt`` / ``harness_error.txt``: the traceback, when the agent or the
   harness raised.
 
@@ -50,10 +50,13 @@ from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
-from servegym.run_folder import TRIAL_FILE
+from servegym.run_folder import TRIAL_FILE, write_private
 from servegym.runner.agent_watch import Action, AgentWatch, forbidden_patterns
 from servegym.runner.environment import SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
+from servegym.runner.folders import lock_trial, settle, staged, swap_in, tidy
+from servegym.runner.folders import prepare_folder as prepare_trial_folder
+from servegym.runner.folders import trial_folder as trial_folder  # imported from here too
 from servegym.runner.real_environment import RealTaskEnvironment
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
@@ -66,7 +69,6 @@ from servegym.runner.results import (
     TrialResult,
     flag_trial,
     read_trial,
-    trial_dir_name,
     write_latencies,
     write_trial,
 )
@@ -110,10 +112,6 @@ def versions() -> dict[str, str]:
     }
 
 
-def trial_folder(out_dir: Path, task_id: str, agent: str, seed: int) -> Path:
-    return out_dir / trial_dir_name(task_id, agent, seed)
-
-
 def finished_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> TrialResult | None:
     """The finished trial in ``out_dir``, or None (also when its trial.json is unreadable,
     which a re-run then replaces)."""
@@ -134,6 +132,7 @@ class TrialEnvironment(Protocol):
     submission: ServingConfig | LauncherSubmission | None
     submissions: int
     harness_error: str | None
+    write_error: UserError | None
     budget_unit: str
 
     @property
@@ -242,19 +241,53 @@ def run_trial(
 
     ``task`` is a task id (under ``tasks_root``, default the shipped tasks), a path to a
     task folder, or a loaded task. Unknown tasks and agents, and bad task files, raise
-    :class:`~servegym.errors.UserError` before anything is written.
+    :class:`~servegym.errors.UserError` before anything is written. The trial holds its
+    folder's lock while it runs (another process running it is a one-line UserError), and a
+    re-run of a finished trial replaces its result only once the new one is complete
+    (:mod:`servegym.runner.folders`).
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
+    final = trial_folder(out_dir, loaded.id, agent_name, seed)
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
         if done is not None:
+            tidy(final)
             done.mark_skipped()
             return done
-    folder = prepare_folder(out_dir, loaded.id, agent_name, seed)
+    with lock_trial(final):
+        settle(final)
+        done = finished_trial(out_dir, loaded.id, agent_name, seed)
+        if done is not None and not force:  # finished by another process meanwhile
+            done.mark_skipped()
+            return done
+        # a finished result stays in place until the re-run is complete
+        folder = staged(final) if done is not None else final
+        try:
+            result = _run_in(loaded, agent, agent_name, seed, out_dir, folder, progress)
+        except BaseException:
+            if folder != final:  # the re-run did not finish: the old result stands
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if folder != final:
+            swap_in(folder, final)
+        return result
+
+
+def _run_in(
+    loaded: LoadedTask,
+    agent: Agent,
+    agent_name: str,
+    seed: int,
+    out_dir: Path,
+    folder: Path,
+    progress: TrialProgress | None,
+) -> TrialResult:
+    """The trial, written to ``folder`` (``trial.json`` last)."""
+    prepare_folder(folder)
     prog = progress or TrialProgress()
     if agent.keep_trajectory(folder / TRAJECTORY_FILE):
         (folder / TRAJECTORY_FILE).unlink(missing_ok=True)
@@ -264,6 +297,8 @@ def run_trial(
     phase = agent_phase(loaded, agent, agent_name, seed, out_dir, folder, prog)
     t_agent = time.perf_counter() - t0
     env = phase.env
+    if env.write_error is not None:  # experiments.jsonl could not be written: not recorded
+        raise env.write_error
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
     t1 = time.perf_counter()
     evaluation, error = final_evaluation(loaded, env, scoring, folder, prog)
@@ -308,24 +343,19 @@ def run_trial(
     return result
 
 
-def prepare_folder(out_dir: Path, task_id: str, agent_name: str, seed: int) -> Path:
-    """The trial's folder, created, without the files of an earlier run of it."""
-    folder = trial_folder(out_dir, task_id, agent_name, seed)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"--out: {folder} exists and is not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
-    for stale in (
-        TRIAL_FILE,
-        EXPERIMENTS_FILE,
-        LATENCIES_FILE,
-        AGENT_ERROR_FILE,
-        HARNESS_ERROR_FILE,
-    ):
-        (folder / stale).unlink(missing_ok=True)
-    return folder
+STALE_FILES = (
+    TRIAL_FILE,
+    EXPERIMENTS_FILE,
+    LATENCIES_FILE,
+    AGENT_ERROR_FILE,
+    HARNESS_ERROR_FILE,
+)
+"""What an earlier, unfinished run of a trial may have left in its folder."""
+
+
+def prepare_folder(folder: Path) -> Path:
+    """The trial's folder, created (0700), without the files of an earlier run of it."""
+    return prepare_trial_folder(folder, STALE_FILES)
 
 
 @dataclass
@@ -385,7 +415,7 @@ def agent_phase(
     except (Exception, SystemExit) as e:  # an agent calling sys.exit() crashed too
         if env.harness_error is None:
             agent_error = _error_text(e)
-            (folder / AGENT_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+            write_private(folder / AGENT_ERROR_FILE, traceback.format_exc())
     finally:
         env.close()
     return AgentPhase(env, agent_error, watch.findings(env.workspace_actions()))
@@ -415,7 +445,7 @@ def final_evaluation(
             ],
         )
     except Exception as e:
-        (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+        write_private(folder / HARNESS_ERROR_FILE, traceback.format_exc())
         return None, _error_text(e)
     return evaluation, None
 
