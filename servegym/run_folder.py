@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,27 +162,39 @@ def _holder(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-@contextlib.contextmanager
-def hold_lock(path: Path, *, flag: str, busy: str, holder: str) -> Iterator[None]:
-    """Hold the exclusive lock ``path`` for the block, or raise a one-line
-    :class:`UserError` (``{flag}: {busy} is in use by ...``) when another live process holds
-    it. ``holder`` says what this process is doing, for the message another one may print.
+BUSY_RETRY_S = 0.2
+"""How long a busy lock is retried before it is reported (a holder may be releasing it)."""
 
-    The lock file is removed on release (unlinked while still locked, so a process that
-    opened the old file finds it gone and tries again); one left by a killed process holds
-    no lock and is taken over.
+
+@contextlib.contextmanager
+def hold_lock(
+    path: Path, *, flag: str, busy: str, holder: str, shared: bool = False
+) -> Iterator[None]:
+    """Hold the lock ``path`` for the block, exclusive (or ``shared`` with other shared
+    holders), or raise a one-line :class:`UserError` (``{flag}: {busy} is in use by ...``)
+    when another live process holds it the other way. ``holder`` says what this process is
+    doing, for the message another one may print.
+
+    The lock file is removed by its last holder (unlinked while still locked, so a process
+    that opened the old file finds it gone and tries again); one left by a killed process
+    holds no lock and is taken over.
     """
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    deadline = time.monotonic() + BUSY_RETRY_S
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE_FILE)
         except OSError as e:
             raise UserError(f"{flag}: cannot lock {path}: {e.strerror or e}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise UserError(f"{flag}: cannot lock {path}: {e.strerror or e}") from None
+            if time.monotonic() < deadline:  # its holder may be on its way out
+                time.sleep(0.02)
+                continue
             info = _holder(path)
             who = f"pid {info['pid']}" if "pid" in info else "another process"
             doing = f", {info['holder']} since {info['since']}" if "since" in info else ""
@@ -197,16 +210,24 @@ def hold_lock(path: Path, *, flag: str, busy: str, holder: str) -> Iterator[None
             break
         os.close(fd)  # removed (or replaced) by its last holder as we opened it: again
     try:
-        note = {
-            "pid": os.getpid(),
-            "holder": holder,
-            "since": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        with contextlib.suppress(OSError):  # the lock holds even if the note cannot be kept
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps(note).encode())
+        if not shared:  # who holds it, for the message a refused process prints
+            note = {
+                "pid": os.getpid(),
+                "holder": holder,
+                "since": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            with contextlib.suppress(OSError):  # the lock holds even if the note cannot
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps(note).encode())
         yield
     finally:
-        with contextlib.suppress(OSError):
-            path.unlink()
+        last = True
+        if shared:  # the last shared holder removes the file: it alone can lock it whole
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                last = False
+        if last:
+            with contextlib.suppress(OSError):
+                path.unlink()
         os.close(fd)

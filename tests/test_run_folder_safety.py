@@ -106,6 +106,11 @@ def test_a_second_sweep_into_a_busy_folder_is_refused_in_one_line(tmp_path: Path
         line = one_line(second.stderr)
         assert second.returncode == 2, second.stdout + second.stderr
         assert "--out" in line and "in use" in line and f"pid {first.pid}" in line
+        # a standalone run into the sweep's folder (here: re-running a trial of its grid)
+        # would replace a result the sweep's other trials watch: refused as well
+        run = subprocess.run(cli("run", "--task", SWEEP_TASK, "--agent", "default", "--out",
+                                 str(out)), capture_output=True, text=True, timeout=90)  # fmt: skip
+        assert run.returncode == 2 and "a sweep" in one_line(run.stderr), run.stderr
     finally:
         code, stdout, stderr = finish(first, gate)
     assert code == 0, stdout + stderr

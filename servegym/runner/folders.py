@@ -4,7 +4,8 @@ a finished result without ever losing it.
 - **One process per trial.** :func:`lock_trial` holds ``OUT/.<name>.lock`` (an exclusive
   kernel lock, :func:`servegym.run_folder.hold_lock`) while a trial runs: a second ``run``
   of the same trial (or a sweep's worker) is refused in one line; a lock of a killed process
-  is taken over.
+  is taken over. A standalone ``run`` also holds the run folder's sweep lock shared
+  (:func:`hold_run_dir`), so it never runs into a sweep's folder while the sweep runs.
 - **Nothing finished is lost.** A trial folder holding a finished result is never cleared
   for a re-run (``run --force``): the re-run works in ``OUT/.<name>.new/`` and
   :func:`swap_in` puts it in place only once it is complete (its ``trial.json`` written),
@@ -26,6 +27,8 @@ from servegym.errors import UserError
 from servegym.run_folder import PRIVATE_DIR, TRIAL_FILE, hold_lock, make_folder
 from servegym.runner.results import trial_dir_name
 
+DRIVER_LOCK = ".sweep-driver.lock"
+"""The run folder's lock: a sweep's driver holds it exclusively, a standalone ``run`` shared."""
 NEW_SUFFIX = ".new"
 OLD_SUFFIX = ".old"
 
@@ -42,6 +45,22 @@ def staged(final: Path) -> Path:
 def aside(final: Path) -> Path:
     """Where the old result waits during :func:`swap_in`."""
     return final.with_name(f".{final.name}{OLD_SUFFIX}")
+
+
+@contextlib.contextmanager
+def hold_run_dir(out: Path, *, shared: bool) -> Iterator[None]:
+    """Hold the run folder ``out`` (creating it): exclusively for a sweep's driver, shared
+    for a standalone ``run``, so a sweep and a run never write into one folder at once (a
+    trial re-run under a running sweep would look like tampering to its other trials)."""
+    make_folder(out)
+    with hold_lock(
+        out / DRIVER_LOCK,
+        flag="--out",
+        busy=str(out),
+        holder="a run" if shared else "a sweep",
+        shared=shared,
+    ):
+        yield
 
 
 @contextlib.contextmanager
@@ -72,7 +91,11 @@ def tidy(final: Path) -> None:
     """Settle what a killed re-run left beside the finished trial ``final``, if no process
     is running the trial now (else, or when the folder cannot be locked, leave it)."""
     if staged(final).exists() or aside(final).exists():
-        with contextlib.suppress(UserError), lock_trial(final):
+        with (
+            contextlib.suppress(UserError),
+            hold_run_dir(final.parent, shared=True),
+            lock_trial(final),
+        ):
             settle(final)
 
 

@@ -15,9 +15,9 @@ trial starts, so a sweep killed at any moment (SIGKILL of the driver included) r
 under the same lock. Nothing finished is ever run again.
 
 One driver at a time: :func:`hold_run_dir` holds ``RUN_DIR/.sweep-driver.lock`` (a kernel
-lock, :func:`servegym.run_folder.hold_lock`) for the whole sweep, so a second driver on the
-same folder is refused in one line (exit 2) while the first lives, and takes over at once
-from one that was killed.
+lock, :func:`servegym.run_folder.hold_lock`) for the whole sweep, so a second driver (or a
+standalone ``run``) on the same folder is refused in one line (exit 2) while the first
+lives, and takes over at once from one that was killed.
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.agents.base import make_agent
 from servegym.errors import UserError
-from servegym.run_folder import hold_lock, make_folder, write_text_atomic
+from servegym.run_folder import make_folder, write_text_atomic
+from servegym.runner import folders
 from servegym.runner.trial import finished_trial
 from servegym.tasks.loader import list_tasks, load_task
 
 LOCK_FILE = "sweep.lock"
-DRIVER_LOCK = ".sweep-driver.lock"
+DRIVER_LOCK = folders.DRIVER_LOCK
 SWEEP_SCHEMA = "servegym.sweep/1"
 
 Track = Literal["sim", "cpu", "gpu"]
@@ -212,6 +213,5 @@ def is_finished(out: Path, spec: TrialSpec) -> bool:
 @contextlib.contextmanager
 def hold_run_dir(out: Path) -> Iterator[None]:
     """Be the one sweep driver of ``out`` for the block (see the module docstring)."""
-    make_folder(out)
-    with hold_lock(out / DRIVER_LOCK, flag="--out", busy=str(out), holder="a sweep"):
+    with folders.hold_run_dir(out, shared=False):
         yield

@@ -35,6 +35,7 @@ import platform
 import shutil
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,7 +55,7 @@ from servegym.run_folder import TRIAL_FILE, write_private
 from servegym.runner.agent_watch import Action, AgentWatch, forbidden_patterns
 from servegym.runner.environment import SimTaskEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
-from servegym.runner.folders import lock_trial, settle, staged, swap_in, tidy
+from servegym.runner.folders import hold_run_dir, lock_trial, settle, staged, swap_in, tidy
 from servegym.runner.folders import prepare_folder as prepare_trial_folder
 from servegym.runner.folders import trial_folder as trial_folder  # imported from here too
 from servegym.runner.real_environment import RealTaskEnvironment
@@ -235,6 +236,7 @@ def run_trial(
     progress: TrialProgress | None = None,
     tasks_root: Path | None = None,
     agent_options: dict[str, Any] | None = None,
+    in_sweep: bool = False,
 ) -> TrialResult:
     """Run one trial (or return the finished one, unless ``force``): prepare, the agent
     phase, the final evaluation, the results.
@@ -244,7 +246,8 @@ def run_trial(
     :class:`~servegym.errors.UserError` before anything is written. The trial holds its
     folder's lock while it runs (another process running it is a one-line UserError), and a
     re-run of a finished trial replaces its result only once the new one is complete
-    (:mod:`servegym.runner.folders`).
+    (:mod:`servegym.runner.folders`). Outside a sweep (``in_sweep`` false) it also holds the
+    run folder shared, so it is refused while a sweep's driver holds it.
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
@@ -258,7 +261,9 @@ def run_trial(
             tidy(final)
             done.mark_skipped()
             return done
-    with lock_trial(final):
+    # a sweep's worker runs under its driver's hold of the folder; a standalone run shares it
+    holding = nullcontext() if in_sweep else hold_run_dir(out_dir, shared=True)
+    with holding, lock_trial(final):
         settle(final)
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
         if done is not None and not force:  # finished by another process meanwhile
