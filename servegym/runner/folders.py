@@ -106,6 +106,8 @@ def prepare_folder(folder: Path, stale: tuple[str, ...]) -> Path:
         os.chmod(folder, PRIVATE_DIR)
         for name in stale:
             (folder / name).unlink(missing_ok=True)
+        for tmp in folder.glob(".*.tmp"):  # a write cut short by a kill
+            tmp.unlink(missing_ok=True)
     except OSError as e:
         raise UserError(f"--out: cannot prepare {folder}: {e.strerror or e}") from None
     return folder
