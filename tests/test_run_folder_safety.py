@@ -401,3 +401,16 @@ def test_trial_files_are_private(tmp_path: Path) -> None:
     assert folder.stat().st_mode & 0o777 == 0o700
     modes = {p.name: p.stat().st_mode & 0o777 for p in folder.rglob("*") if p.is_file()}
     assert modes and set(modes.values()) == {0o600}, modes
+
+
+def test_judge_of_an_unreadable_trial_is_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from servegym.cli import app
+
+    folder = tmp_path / "t__a__s0"
+    folder.mkdir()
+    (folder / "trial.json").write_text('{"task": "t"')
+    judged = CliRunner().invoke(app, ["judge", str(folder), "--model", "openai:gpt-x"])
+    assert judged.exit_code == 2, judged.output
+    assert "trial.json" in one_line(judged.stderr) and "unreadable" in judged.stderr
