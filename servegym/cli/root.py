@@ -64,7 +64,8 @@ _SIGNAL_WORDS = {
 
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG}
 """What the file system says when a folder is full, read-only or not the user's: the
-user's to fix, so one line (exit 2) wherever in a command it surfaces."""
+user's to fix, so one line naming the file (exit 2) wherever in a command it surfaces (the
+commands word the ones they expect themselves; this is the net under the rest)."""
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -106,8 +107,8 @@ def main() -> None:
     except OSError as e:
         if e.errno not in _WRITE_ERRORS:
             raise
-        where = f" {e.filename}" if e.filename else ""
-        print_user_error(UserError(f"cannot write{where}: {e.strerror or e}"))
+        where = f"{e.filename}: " if e.filename else ""
+        print_user_error(UserError(f"{where}{e.strerror or e}"))
         sys.exit(2)
 
 
