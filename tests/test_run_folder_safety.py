@@ -159,6 +159,36 @@ def test_a_second_run_of_a_running_trial_is_refused_in_one_line(tmp_path: Path) 
     assert read_trial(next(out.glob("*/trial.json"))).outcome == "scored"
 
 
+def test_runs_share_a_folder_but_a_re_run_of_a_result_waits_for_it_alone(
+    tmp_path: Path,
+) -> None:
+    out, gate = tmp_path / "runs", tmp_path / "gate"
+    base = ["run", "--task", TASK, "--out", str(out)]
+    gate.touch()
+    done = subprocess.run(cli(*base, "--agent", "default"), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gate.unlink()
+    held = subprocess.Popen(cli(*base, "--agent", GATE_AGENT), env=gate_env(gate), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_for("the held run's first experiment",
+                 lambda: experimenting(out / f"tiny-latency__{GATE_AGENT}__s0"))  # fmt: skip
+        # replacing a finished result would change a file the held trial watches: refused
+        again = subprocess.run(cli(*base, "--agent", "default", "--force"), capture_output=True,
+                               text=True, timeout=90)  # fmt: skip
+        assert again.returncode == 2 and "in use" in one_line(again.stderr), again.stderr
+        # a new trial beside it is fine
+        other = subprocess.run(cli(*base, "--agent", "default", "--seed", "1"),
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert other.returncode == 0, other.stderr
+    finally:
+        code, stdout, stderr = finish(held, gate)
+    assert code == 0, stdout + stderr
+    outcomes = {p.parent.name: read_trial(p).outcome for p in out.glob("*/trial.json")}
+    assert sorted(outcomes.values()) == ["scored"] * 3, outcomes
+
+
 # ------------------------------------------------------------ item 3: run --force killed
 
 

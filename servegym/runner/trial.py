@@ -247,7 +247,9 @@ def run_trial(
     folder's lock while it runs (another process running it is a one-line UserError), and a
     re-run of a finished trial replaces its result only once the new one is complete
     (:mod:`servegym.runner.folders`). Outside a sweep (``in_sweep`` false) it also holds the
-    run folder shared, so it is refused while a sweep's driver holds it.
+    run folder, shared (exclusively when it replaces a result), so it is refused while a
+    sweep's driver holds it, and a re-run never changes a result under another running
+    trial's watch.
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
@@ -261,8 +263,10 @@ def run_trial(
             tidy(final)
             done.mark_skipped()
             return done
-    # a sweep's worker runs under its driver's hold of the folder; a standalone run shares it
-    holding = nullcontext() if in_sweep else hold_run_dir(out_dir, shared=True)
+    # A sweep's worker runs under its driver's hold of the folder; a standalone run shares
+    # it, unless it replaces a result the folder's other running trials would see change.
+    replacing = (final / TRIAL_FILE).exists()
+    holding = nullcontext() if in_sweep else hold_run_dir(out_dir, shared=not replacing)
     with holding, lock_trial(final):
         settle(final)
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
@@ -474,8 +478,12 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
     """What an agent phase must leave alone (see :mod:`servegym.runner.agent_watch`): the
     harness's code, the task's folder, the other trials' finished results, the reference
     outputs (which the harness itself may add to)."""
-    others = sorted(
-        p for p in out_dir.glob(f"*/{TRIAL_FILE}") if p.parent.resolve() != folder.resolve()
+    others = sorted(  # finished results only: an unreadable one is due for a re-run
+        p
+        for p in out_dir.glob(f"*/{TRIAL_FILE}")
+        if not p.parent.name.startswith(".")  # a re-run's work, not a result
+        and p.parent.resolve() != folder.resolve()
+        and _readable(p)
     )
     growing: list[Path] = []
     extra: list[tuple[Path, str]] = []
@@ -488,6 +496,14 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
         forbidden=forbidden_patterns(extra),
         growing=growing,
     )
+
+
+def _readable(path: Path) -> bool:
+    try:
+        read_trial(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def fold_evaluation(result: TrialResult, evaluation: Evaluation) -> None:
