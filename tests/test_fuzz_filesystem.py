@@ -46,9 +46,9 @@ TASK = str(TESTS / "data" / "tasks" / "tiny-latency")
 SWEEP_TASKS = "decode-tpot-single-stream,balanced-e2e-p99-poisson"  # shipped: no --root
 
 CASES = {  # kind: (default run, under -m slow)
-    "kill": (1, 40),
-    "drivers": (1, 12),
-    "disk": (1, 30),
+    "kill": (1, 24),
+    "drivers": (1, 8),
+    "disk": (1, 24),
     "readonly": (2, 12),
 }
 
