@@ -345,8 +345,10 @@ def disk_case(tally: Tally, rng: random.Random, tmp: Path, template: Path, i: in
     with tmpfs(tmp / f"disk{i}", f"{size}k") as disk:
         out = disk / "out"
         if what == "run" and rng.random() < 0.5:  # a finished trial already there
-            with contextlib.suppress(OSError):
+            try:
                 shutil.copytree(template, out)
+            except OSError:  # it does not fit: no half copy (the copy's tear, not ours)
+                shutil.rmtree(out, ignore_errors=True)
         before = finished(out) if out.exists() else {}
         full = run(command(what, out, force=what == "run" and bool(before)))
         tally.saw(case, full.stdout, full.stderr)
