@@ -433,10 +433,14 @@ def test_trial_files_are_private(tmp_path: Path) -> None:
     assert modes and set(modes.values()) == {0o600}, modes
 
 
-def test_judge_of_an_unreadable_trial_is_one_line(tmp_path: Path) -> None:
+def test_judge_of_an_unreadable_trial_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from typer.testing import CliRunner
 
     from servegym.cli import app
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # never used: the file fails first
 
     folder = tmp_path / "t__a__s0"
     folder.mkdir()
