@@ -33,7 +33,7 @@ from servegym.agents.base import (
 )
 from servegym.agents.search_space import IllegalConfig, Params, SearchSpace, load_search_space
 from servegym.engines.config import ServingConfig
-from servegym.errors import UserError
+from servegym.errors import HarnessError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class Tracker:
             result = self.env.run_experiment(config)
         except BudgetExhausted:
             raise _Stop("budget exhausted") from None
+        except HarnessError:  # the harness's failure (a full disk), not the config's: stop
+            raise
         except Exception as e:  # an agent never raises on a bad experiment
             self.experiments += 1
             self._errors_in_a_row += 1

@@ -81,22 +81,26 @@ def leaderboard_command(
         FORMATS,
         build_leaderboard,
         default_task,
-        find_trials,
         format_csv,
         format_json,
         format_markdown,
+        scan_trials,
         trials_frame,
     )
 
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, not '{fmt}'")
-    df = trials_frame(find_trials(run_dirs))
+    scan = scan_trials(run_dirs)
+    df = trials_frame(scan.trials)
     if task is not None and task not in set(df["task"]):
         known = ", ".join(sorted(set(df["task"])))
         raise UserError(f"--task {task}: no trial of it in the run folders (tasks: {known})")
     if html is not None and html.exists() and html.is_dir():
         raise UserError(f"--html {html}: is a folder")
-    board = build_leaderboard(df)
+    board = build_leaderboard(df, left_out=scan.notes())
+    if fmt == "csv":  # CSV has no room for notes: what was left out goes to stderr
+        for note in scan.notes():
+            err_console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if fmt == "table":
         console.print(rich_table(board))
     elif fmt == "markdown":

@@ -6,8 +6,10 @@ Every error a user can cause ends in one line naming what is wrong and exit code
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -51,25 +53,63 @@ app.command("judge")(judge.judge)
 app.command("leaderboard")(leaderboard.leaderboard)
 
 
-def _terminate(signum: int, frame: object) -> None:
+_STOPPED_BY: list[int] = []
+"""The signals that stopped the command (SIGINT, SIGTERM), for its last line."""
+
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_SIGNAL_WORDS = {
+    signal.SIGINT: "interrupted (SIGINT, Ctrl-C)",
+    signal.SIGTERM: "terminated (SIGTERM)",
+}
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG}
+"""What the file system says when a folder is full, read-only or not the user's: the
+user's to fix, so one line naming the file (exit 2) wherever in a command it surfaces (the
+commands word the ones they expect themselves; this is the net under the rest)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM unwind like Ctrl-C (every server a command started is stopped on
+    the way out); the signal is remembered for the closing line."""
+    _STOPPED_BY.append(signum)
     raise KeyboardInterrupt
 
 
+def _stopped() -> NoReturn:
+    signum = _STOPPED_BY[0] if _STOPPED_BY else signal.SIGINT
+    err_console.print(
+        f"servegym: {_SIGNAL_WORDS[signal.Signals(signum)]}: stopped",
+        highlight=False,
+    )
+    sys.exit(_SIGNAL_EXIT[signal.Signals(signum)])
+
+
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and exit code 2.
+    """Entry point: run the app, turning user errors into one line and exit code 2, and a
+    signal into one line and 130 (SIGINT) or 143 (SIGTERM).
 
     Usage errors (a bad flag or flag value) are Typer's own: one message, exit code 2.
     """
-    # SIGTERM unwinds like Ctrl-C, so every server a command started is stopped on the way out.
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         app()
     except UserError as e:
         print_user_error(e)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        _stopped()
+    except SystemExit as e:
+        # Typer turns KeyboardInterrupt into a silent exit 130: say why the command stopped
+        if e.code == 130 and _STOPPED_BY:
+            _stopped()
+        raise
+    except OSError as e:
+        if e.errno not in _WRITE_ERRORS:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print_user_error(UserError(f"{where}{e.strerror or e}"))
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from servegym.cli.options import ProviderTimeoutOption, ProviderTriesOption, giv
 from servegym.errors import UserError
 
 if TYPE_CHECKING:
-    from servegym.runner.executors import TrialOutcome
-    from servegym.runner.sweep import Track, TrialSpec
+    from servegym.runner.executors import Executor, TrialOutcome
+    from servegym.runner.sweep import SweepConfig, Track, TrialSpec
 
 
 class _Display:
@@ -95,7 +95,7 @@ def run_sweep_command(
 ) -> int:
     """Run the sweep; returns the exit code (1 when a trial failed, else 0)."""
     from servegym.runner.executors import make_executor
-    from servegym.runner.sweep import build_config, claim_run_dir, is_finished
+    from servegym.runner.sweep import build_config, hold_run_dir
 
     config, tracks = build_config(
         tasks.split(","),
@@ -109,10 +109,25 @@ def run_sweep_command(
     if executor == "ray":
         settings["address"] = address
     runner = make_executor(executor, **settings)
+    with hold_run_dir(out):  # one driver per folder; a second one is refused in one line
+        return _run_grid(runner, executor, config, tracks, out, console)
+
+
+def _run_grid(
+    runner: Executor,
+    executor: str,
+    config: SweepConfig,
+    tracks: dict[str, Track],
+    out: Path,
+    console: Console,
+) -> int:
+    from servegym.runner.sweep import claim_run_dir, is_finished
+
     resumed = claim_run_dir(out, config)
     specs = config.grid(tracks)
-    already = [s for s in specs if is_finished(out, s)]
-    todo = [s for s in specs if not is_finished(out, s)]
+    finished = {s.key for s in specs if is_finished(out, s)}
+    already = [s for s in specs if s.key in finished]
+    todo = [s for s in specs if s.key not in finished]
     console.print(
         f"sweep {config.digest()}: {len(config.tasks)} tasks x {len(config.agents)} agents x "
         f"{len(config.seeds)} seeds = {len(specs)} trials on '{executor}'"

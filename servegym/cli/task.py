@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.console import Console, Group
 from rich.markdown import Markdown
 from rich.panel import Panel
@@ -54,40 +55,67 @@ def _workload_label(task: Task) -> str:
 # --------------------------------------------------------------------------- list
 
 
-def render_task_list(root: Path | None = None) -> Table:
-    """The ``task list`` table."""
-    from servegym.tasks.loader import list_tasks, tasks_dir
+LIST_COLUMNS = ("id", "track", "model", "hardware", "workload", "objective")
 
-    table = Table(title=f"tasks ({root or tasks_dir()})", title_justify="left")
-    table.add_column("id", style="bold", no_wrap=True)
-    for column in ("track", "model", "hardware"):
-        table.add_column(column, no_wrap=True)
-    for column in ("workload", "objective"):
-        table.add_column(column, overflow="fold")
+
+def _task_rows(root: Path | None) -> list[tuple[str, ...]]:
+    """One row of :data:`LIST_COLUMNS` per task, or ``(id, error)`` for one that does not
+    load."""
+    from servegym.tasks.loader import list_tasks
+
+    rows: list[tuple[str, ...]] = []
     for info in list_tasks(root):
         if info.task is None:
-            table.add_row(Text(info.id), Text(f"error: {info.error}", style="red"), "", "", "", "")
+            rows.append((info.id, f"error: {info.error}"))
             continue
         t = info.task
         direction = "max" if t.objective.higher_is_better else "min"
-        table.add_row(  # Text: a task's strings are the author's, never markup
-            *(
-                Text(cell)
-                for cell in (
-                    t.id,
-                    t.track,
-                    t.model,
-                    t.hardware,
-                    _workload_label(t),
-                    f"{direction} {t.objective.label()}",
-                )
-            )
+        objective = f"{direction} {t.objective.label()}"
+        rows.append((t.id, t.track, t.model, t.hardware, _workload_label(t), objective))
+    return rows
+
+
+def render_task_list(root: Path | None = None, width: int | None = None) -> Table:
+    """The ``task list`` table: one row per task and a column per field when ``width``
+    (default: the terminal's) holds them all, else two lines per task (id, track, model and
+    hardware; then workload and objective), so no column is ever squeezed to a sliver."""
+    from servegym.tasks.loader import tasks_dir
+
+    rows = _task_rows(root)
+    title = f"tasks ({root or tasks_dir()})"
+    widths = [len(c) for c in LIST_COLUMNS]
+    for row in rows:
+        if len(row) == len(LIST_COLUMNS):
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    wide = sum(widths) + 3 * len(widths) + 1  # a Rich box: one border and two pads a column
+    if wide <= (width if width is not None else stdout_console.width):
+        table = Table(title=title, title_justify="left")
+        table.add_column("id", style="bold", no_wrap=True)
+        for column in LIST_COLUMNS[1:]:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            if len(row) != len(LIST_COLUMNS):
+                table.add_row(Text(row[0]), Text(row[1], style="red"), "", "", "", "")
+            else:  # Text: a task's strings are the author's, never markup
+                table.add_row(*(Text(cell) for cell in row))
+        return table
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", style="bold", overflow="fold")
+    table.add_column("track · model @ hardware\nworkload → objective", overflow="fold")
+    for row in rows:
+        if len(row) != len(LIST_COLUMNS):
+            table.add_row(Text(row[0]), Text(row[1], style="red"))
+            continue
+        tid, track, model, hardware, workload, objective = row
+        table.add_row(
+            Text(tid),
+            Text(f"{track} · {model} @ {hardware}\n{workload} → {objective}"),
         )
     return table
 
 
 def task_list(console: Console, root: Path | None = None) -> None:
-    console.print(render_task_list(root))
+    console.print(render_task_list(root, console.width))
 
 
 # --------------------------------------------------------------------------- show

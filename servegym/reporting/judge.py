@@ -202,8 +202,16 @@ async def judge_folders(
             raise UserError(f"{quoted(str(f))}: {e.strerror or e}") from None
         if not finished:
             raise UserError(f"{f}: not a finished trial (no trial.json)")
-    provider = judge_provider(spec, base_url, api_key_env)
+    provider = judge_provider(spec, base_url, api_key_env)  # the flags first
     try:
+        for f in folders:
+            try:
+                read_trial(f / "trial.json")
+            except (OSError, ValueError) as e:  # a pydantic ValidationError is a ValueError
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise UserError(
+                    f"{f / 'trial.json'}: unreadable ({first}); run the trial again"
+                ) from None
         return [await judge_trial(f, provider) for f in folders]
     except ProviderUnavailable as e:  # down, hung or answering garbage through every try
         raise UserError(f"--model {spec}: {e}") from None

@@ -1,8 +1,9 @@
 """The leaderboard: every finished trial of one or more run folders, aggregated per agent.
 
-:func:`find_trials` reads ``RUN_DIR/<task>__<agent>__s<seed>/trial.json`` (a RUN_DIR may also
-be one trial folder); :func:`trials_frame` makes a pandas DataFrame of them, one row a
-trial; :func:`build_leaderboard` aggregates it per agent and per (agent, task). Everything
+:func:`scan_trials` reads ``RUN_DIR/<task>__<agent>__s<seed>/trial.json`` (a RUN_DIR may also
+be one trial folder), leaving out, and counting in the notes, trials not finished yet and
+``trial.json`` files it cannot read; :func:`trials_frame` makes a pandas DataFrame of them,
+one row a trial; :func:`build_leaderboard` aggregates it per agent and per (agent, task). Everything
 after reading the files is a pure function of the DataFrame. ``docs/scoring.md``
 ("Leaderboard") is the reference for what each number means; in short:
 
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,15 +80,65 @@ def _first_error(e: ValidationError) -> str:
     return f"{loc}: {err.get('msg', 'invalid')}"
 
 
-def find_trials(run_dirs: Sequence[Path]) -> list[FoundTrial]:
-    """Every ``trial.json`` under the run folders (one level down, or the folder itself).
+TRIAL_DIR = re.compile(r"^[^.].*__.+__s\d+$")
+"""A trial folder's name, ``<task>__<agent>__s<seed>`` (a hidden one is a re-run's work)."""
 
-    Raises :class:`UserError` (one line) for a missing folder, a folder with no trial, an
-    unreadable ``trial.json``, or one trial (task, agent, seed) found twice.
+
+@dataclass
+class TrialScan:
+    """What :func:`scan_trials` finds: the finished trials, and the trials it leaves out
+    (folders without a ``trial.json`` yet; ``trial.json`` files it cannot read), each with
+    why."""
+
+    trials: list[FoundTrial] = field(default_factory=list)
+    unfinished: list[Path] = field(default_factory=list)
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """One line per kind of trial left out: how many, which (the first few), why."""
+        notes = []
+        if self.unfinished:
+            notes.append(
+                f"{len(self.unfinished)} unfinished trial(s) left out (no {TRIAL_FILE} yet: "
+                f"still running, or cut short; a sweep's resume runs them): "
+                f"{_some(p.name for p in self.unfinished)}"
+            )
+        if self.unreadable:
+            notes.append(
+                f"{len(self.unreadable)} trial(s) left out whose {TRIAL_FILE} is unreadable "
+                "(a re-run of the trial or a sweep's resume replaces it): "
+                f"{_some(f'{p.parent.name} ({why})' for p, why in self.unreadable)}"
+            )
+        return notes
+
+
+def _some(names: Iterable[str], most: int = 3) -> str:
+    items = list(names)
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
+
+
+def _read_found(path: Path) -> tuple[TrialResult | None, str]:
+    """The trial in ``path``, or None and why it cannot be read (one line)."""
+    try:
+        return read_trial(path), ""
+    except ValidationError as e:
+        return None, f"not a valid trial.json: {_first_error(e)}"
+    except (OSError, ValueError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None, f"unreadable: {msg}"
+
+
+def scan_trials(run_dirs: Sequence[Path]) -> TrialScan:
+    """Every ``trial.json`` under the run folders (one level down, or the folder itself),
+    and the trials left out (unfinished, unreadable).
+
+    Raises :class:`UserError` (one line) for a missing folder, a folder with no readable
+    finished trial (saying what it left out), or one trial (task, agent, seed) found twice.
     """
     if not run_dirs:
         raise UserError("give at least one RUN_DIR")
-    found: list[FoundTrial] = []
+    scan = TrialScan()
     seen: dict[tuple[str, str, int], Path] = {}
     for run_dir in run_dirs:
         try:
@@ -95,20 +147,25 @@ def find_trials(run_dirs: Sequence[Path]) -> list[FoundTrial]:
             raise UserError(f"RUN_DIR {quoted(str(run_dir))}: {e.strerror or e}") from None
         if not is_dir:
             raise UserError(f"RUN_DIR {run_dir}: not a folder")
+        n_unfinished, n_unreadable = len(scan.unfinished), len(scan.unreadable)
         direct = run_dir / TRIAL_FILE
-        paths = [direct] if direct.is_file() else sorted(run_dir.glob(f"*/{TRIAL_FILE}"))
-        if not paths:
-            raise UserError(
-                f"RUN_DIR {run_dir}: no finished trial (no <task>__<agent>__s<seed>/{TRIAL_FILE})"
-            )
-        for path in paths:
+        if direct.is_file():
+            paths = [direct]
+        else:
             try:
-                result = read_trial(path)
-            except ValidationError as e:
-                raise UserError(f"{path}: not a valid trial.json ({_first_error(e)})") from None
-            except (OSError, ValueError) as e:
-                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise UserError(f"{path}: unreadable trial.json ({msg})") from None
+                folders = sorted(p for p in run_dir.iterdir() if TRIAL_DIR.match(p.name))
+            except OSError as e:
+                raise UserError(f"RUN_DIR {run_dir}: cannot read ({e.strerror or e})") from None
+            paths = sorted(
+                p for p in run_dir.glob(f"*/{TRIAL_FILE}") if not p.parent.name.startswith(".")
+            )
+            scan.unfinished += [p for p in folders if p.is_dir() and not (p / TRIAL_FILE).exists()]
+        found_here = 0
+        for path in paths:
+            result, why = _read_found(path)
+            if result is None:
+                scan.unreadable.append((path, why))
+                continue
             key = (result.task, result.agent, result.seed)
             if key in seen:
                 raise UserError(
@@ -116,8 +173,23 @@ def find_trials(run_dirs: Sequence[Path]) -> list[FoundTrial]:
                     f"{seen[key]}; give each trial once"
                 )
             seen[key] = path
-            found.append(FoundTrial(folder=path.parent, result=result))
-    return found
+            scan.trials.append(FoundTrial(folder=path.parent, result=result))
+            found_here += 1
+        if not found_here:
+            left = TrialScan(
+                unfinished=scan.unfinished[n_unfinished:],
+                unreadable=scan.unreadable[n_unreadable:],
+            ).notes()
+            raise UserError(
+                f"RUN_DIR {run_dir}: no finished trial (no <task>__<agent>__s<seed>/{TRIAL_FILE})"
+                + ("; " + "; ".join(left) if left else "")
+            )
+    return scan
+
+
+def find_trials(run_dirs: Sequence[Path]) -> list[FoundTrial]:
+    """The finished trials of :func:`scan_trials` (those it leaves out are its notes)."""
+    return scan_trials(run_dirs).trials
 
 
 def _gpus(r: TrialResult) -> int:
@@ -324,9 +396,14 @@ def _mean(series: pd.Series) -> float:
 
 
 def build_leaderboard(
-    df: pd.DataFrame, *, samples: int = BOOTSTRAP_SAMPLES, level: float = LEVEL
+    df: pd.DataFrame,
+    *,
+    samples: int = BOOTSTRAP_SAMPLES,
+    level: float = LEVEL,
+    left_out: Sequence[str] = (),
 ) -> Leaderboard:
-    """Aggregate a :func:`trials_frame` per agent (see the module docstring)."""
+    """Aggregate a :func:`trials_frame` per agent (see the module docstring); ``left_out``
+    are the notes of the trials the reading left out (:meth:`TrialScan.notes`)."""
     if df.empty:
         raise UserError("no trials to rank")
     tasks = sorted(str(t) for t in df["task"].unique())
@@ -435,6 +512,7 @@ def build_leaderboard(
             f"{n_harness} harness_error trial(s) count 1.0 here; they are the harness's "
             "failures, not the agent's: rerun them"
         )
+    notes.extend(left_out)
     return Leaderboard(
         agents=board,
         per_task=per_task,

@@ -120,21 +120,24 @@ def mock_server_process(flags: list[str], log_path: Path) -> Iterator[str]:
     server the harness starts): a SIGKILLed ``bench`` leaves no mock holding its port."""
     port = free_port()
     cmd = [sys.executable, "-m", "servegym.loadgen.mock_server", "--port", str(port), *flags]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=child_setup(os.getpid()),
-        )
+    try:
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=child_setup(os.getpid()),
+            )
+    except OSError as e:
+        raise UserError(f"--mock: cannot write {log_path}: {e.strerror or e}") from None
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-500:]
-                raise UserError(f"--mock: the mock server exited at start: {tail.strip()}")
+                why = exit_reason(proc.returncode, log_path)
+                raise UserError(f"--mock: the mock server exited at start: {why}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     break
@@ -150,6 +153,26 @@ def mock_server_process(flags: list[str], log_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def exit_reason(code: int, log_path: Path) -> str:
+    """Why a server that wrote its output to ``log_path`` exited: the log's tail, or, when
+    the log is empty (a full disk takes the server's own output with it), its exit code and
+    what is known of its disk."""
+    try:
+        tail = log_path.read_text(errors="replace")[-500:].strip()
+    except OSError:
+        tail = ""
+    if tail:
+        return tail
+    why = f"exit code {code}, and nothing in its log {log_path}"
+    try:
+        disk = os.statvfs(log_path.parent)
+    except OSError:
+        return why
+    if disk.f_bavail * disk.f_frsize < 64 * 1024:
+        why += f" (the disk of {log_path.parent} is full)"
+    return why
 
 
 def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> BenchOutcome:

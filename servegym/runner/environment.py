@@ -22,8 +22,9 @@ The environment is one class, parameterised by the task's track
   nothing is left (that unit, experiments, or wall seconds where the task sets them) raises
   :class:`BudgetExhausted`; the experiment that crosses the limit completes and is charged
   in full;
-- **the log**: every experiment is appended (and flushed) to ``experiments.jsonl`` as an
-  :class:`ExperimentResult`, one per line;
+- **the log**: every experiment is appended (and written through) to ``experiments.jsonl``
+  as an :class:`ExperimentResult`, one whole line each: a write that fails (a full disk) is
+  cut back to the last whole line and ends the trial with one line (:attr:`write_error`);
 - **the workspace**, where the track opens one, metered like experiments
   (:class:`~servegym.runner.workspace.MeteredWorkspace`); what is benchmarked and submitted
   from it follows the task's tuning: its ``serving.toml`` as a config, or its
@@ -40,7 +41,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -56,7 +57,8 @@ from servegym.agents.base import (
 )
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
-from servegym.errors import BrokenTask, HarnessError
+from servegym.errors import BrokenTask, HarnessError, UserError
+from servegym.run_folder import PRIVATE_DIR, LineLog
 from servegym.runner.agent_watch import Action
 from servegym.runner.workspace import MeteredWorkspace
 from servegym.sandbox.local import tree_digest
@@ -116,10 +118,16 @@ class TrackEnvironment:
         self.broken_task: str | None = None
         """Set when the task's own baseline does not start (a :class:`BrokenTask`)."""
         self._baseline: dict[bool, DevBaseline] = {}
-        self._log: IO[str] | None = None
+        self._log: LineLog | None = None
+        self.write_error: UserError | None = None
+        """Set when ``experiments.jsonl`` could not be written (a full disk): the trial
+        cannot be recorded, so it ends with this one-line error and runs again next time."""
         if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = log_path.open("w", encoding="utf-8")
+            try:
+                log_path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+                self._log = LineLog(log_path)
+            except OSError as e:
+                raise UserError(f"--out: cannot write {log_path}: {e.strerror or e}") from None
         self._space: DevWorkspace | None = self.dev.open_workspace()
         self._workspace: MeteredWorkspace | None = None
         if self._space is not None:
@@ -361,8 +369,15 @@ class TrackEnvironment:
         )
         self.experiments.append(result)
         if self._log is not None:
-            self._log.write(result.model_dump_json() + "\n")
-            self._log.flush()
+            try:
+                self._log.append(result.model_dump_json())
+            except OSError as e:  # a full disk: the log keeps its whole lines, the trial ends
+                self.write_error = UserError(
+                    f"--out: cannot write {self._log.path}: {e.strerror or e}; the trial is "
+                    "not recorded and runs again next time"
+                )
+                self.harness_error = self.write_error.message
+                raise HarnessError(self.harness_error) from None
         if self.on_experiment is not None:
             self.on_experiment(result)
         return result.model_copy(deep=True)

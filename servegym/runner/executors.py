@@ -81,6 +81,7 @@ def run_one(
             Path(out),
             tasks_root=Path(tasks_root) if tasks_root else None,
             agent_options=agent_options or None,
+            in_sweep=True,
         )
     except UserError as e:
         return {**base, "outcome": "failed", "error": e.message}

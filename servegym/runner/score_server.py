@@ -18,7 +18,9 @@ from pathlib import Path
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.launcher import ExternalServer
 from servegym.errors import BrokenTask, UserError
+from servegym.run_folder import make_folder, write_private
 from servegym.runner.evaluation import evaluate
+from servegym.runner.folders import lock_trial
 from servegym.runner.preflight import broken_task_error
 from servegym.runner.results import (
     Timing,
@@ -35,7 +37,7 @@ from servegym.runner.trial import (
     trial_folder,
     versions,
 )
-from servegym.tasks.loader import load_task
+from servegym.tasks.loader import LoadedTask, load_task
 from servegym.tasks.secrets import scoring_seed
 from servegym.tracks import track_for
 
@@ -63,10 +65,19 @@ def score_server(
     if engine is None:
         check_track_ready(loaded)
     folder = trial_folder(out, loaded.id, AGENT, seed)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
+    with lock_trial(folder):  # one scoring of a trial folder at a time
+        make_folder(folder)
+        return _score(loaded, base_url, folder, seed, engine, model)
+
+
+def _score(
+    loaded: LoadedTask,
+    base_url: str,
+    folder: Path,
+    seed: int,
+    engine: Engine | None,
+    model: ModelRef | None,
+) -> TrialResult:
     started_at = now_iso()
     t0 = time.perf_counter()
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
@@ -92,7 +103,7 @@ def score_server(
         raise broken_task_error(loaded, str(e)) from None
     except Exception as e:
         result.error = f"{type(e).__name__}: {e}"
-        (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+        write_private(folder / HARNESS_ERROR_FILE, traceback.format_exc())
     if evaluation is not None:
         result.outcome = evaluation.outcome
         fold_evaluation(result, evaluation)

@@ -8,19 +8,25 @@ finished trial is one whose ``trial.json`` exists (written atomically, last), an
 folder without it is a partial trial that is restarted from scratch.
 
 ``RUN_DIR/sweep.lock`` holds the sweep's configuration and its hash. Re-running the same
-command resumes: finished trials are skipped, partial ones restarted. A different
-configuration against the same folder is refused with one line saying what differs. The
-lock is written before any trial starts, so a sweep killed at any moment (SIGKILL of the
-driver included) resumes under the same lock. Nothing finished is ever run again.
+command resumes: finished trials (a readable ``trial.json``) are skipped, partial ones (and
+ones whose ``trial.json`` is unreadable) restarted. A different configuration against the
+same folder is refused with one line saying what differs. The lock is written before any
+trial starts, so a sweep killed at any moment (SIGKILL of the driver included) resumes
+under the same lock. Nothing finished is ever run again.
+
+One driver at a time: :func:`hold_run_dir` holds ``RUN_DIR/.sweep-driver.lock`` (a kernel
+lock, :func:`servegym.run_folder.hold_lock`) for the whole sweep, so a second driver (or a
+standalone ``run``) on the same folder is refused in one line (exit 2) while the first
+lives, and takes over at once from one that was killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
-import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servegym.agents.base import make_agent
 from servegym.errors import UserError
-from servegym.run_folder import TRIAL_FILE
-from servegym.runner.trial import trial_folder
+from servegym.run_folder import make_folder, write_text_atomic
+from servegym.runner import folders
+from servegym.runner.trial import finished_trial
 from servegym.tasks.loader import list_tasks, load_task
 
 LOCK_FILE = "sweep.lock"
+DRIVER_LOCK = folders.DRIVER_LOCK
 SWEEP_SCHEMA = "servegym.sweep/1"
 
 Track = str
@@ -191,16 +199,19 @@ def claim_run_dir(out: Path, config: SweepConfig) -> bool:
                 f"{_differences(lock.config, config)} (use another --out, or the same command)"
             )
         return True
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out: cannot create {out}: {e.strerror}") from None
+    make_folder(out)
     lock = SweepLock(hash=config.digest(), config=config)
-    tmp = lock_path.with_suffix(".tmp")
-    tmp.write_text(lock.model_dump_json(indent=2, by_alias=True))
-    os.replace(tmp, lock_path)
+    write_text_atomic(lock_path, lock.model_dump_json(indent=2, by_alias=True))
     return False
 
 
 def is_finished(out: Path, spec: TrialSpec) -> bool:
-    return (trial_folder(out, spec.task, spec.agent, spec.seed) / TRIAL_FILE).is_file()
+    """Whether the trial has a readable ``trial.json`` (an unreadable one is run again)."""
+    return finished_trial(out, spec.task, spec.agent, spec.seed) is not None
+
+
+@contextlib.contextmanager
+def hold_run_dir(out: Path) -> Iterator[None]:
+    """Be the one sweep driver of ``out`` for the block (see the module docstring)."""
+    with folders.hold_run_dir(out, shared=False):
+        yield

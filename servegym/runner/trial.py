@@ -11,8 +11,8 @@ scored in a fresh evaluation on the hidden scoring workload.
   pair's :class:`~servegym.pipeline.result.PipelineResult` s (per-question records, stage
   times; :mod:`servegym.pipeline.files`);
 - ``trial.json``: the :class:`~servegym.runner.results.TrialResult` (written atomically,
-  last; its presence marks the trial finished, and a finished trial is skipped unless
-  ``force``);
+  last; a readable one marks the trial finished, and a finished trial is skipped unless
+  ``force``, whose re-run replaces it only once complete: :mod:`servegym.runner.folders`);
 - ``agent_error.txt`` / ``harness_error.txt``: the traceback, when the agent or the
   harness raised.
 
@@ -38,6 +38,7 @@ import platform
 import shutil
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,10 +54,13 @@ from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
-from servegym.run_folder import TRIAL_FILE, check_nameable
+from servegym.run_folder import TRIAL_FILE, check_nameable, write_private
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import TrackEnvironment, changed_knobs
 from servegym.runner.evaluation import Evaluation, evaluate
+from servegym.runner.folders import hold_run_dir, lock_trial, settle, staged, swap_in, tidy
+from servegym.runner.folders import prepare_folder as prepare_trial_folder
+from servegym.runner.folders import trial_folder as trial_folder  # imported from here too
 from servegym.runner.preflight import broken_task_error, check_task_runs
 from servegym.runner.results import (
     EXPERIMENTS_FILE,
@@ -69,7 +73,6 @@ from servegym.runner.results import (
     TrialResult,
     flag_trial,
     read_trial,
-    trial_dir_name,
     write_latencies,
     write_trial,
 )
@@ -110,10 +113,6 @@ def versions() -> dict[str, str]:
         "numpy": np.__version__,
         "pydantic": pydantic.VERSION,
     }
-
-
-def trial_folder(out_dir: Path, task_id: str, agent: str, seed: int) -> Path:
-    return out_dir / trial_dir_name(task_id, agent, seed)
 
 
 def finished_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> TrialResult | None:
@@ -211,13 +210,20 @@ def run_trial(
     progress: TrialProgress | None = None,
     tasks_root: Path | None = None,
     agent_options: dict[str, Any] | None = None,
+    in_sweep: bool = False,
 ) -> TrialResult:
     """Run one trial (or return the finished one, unless ``force``): prepare, the agent
     phase, the final evaluation, the results.
 
     ``task`` is a task id (under ``tasks_root``, default the shipped tasks), a path to a
     task folder, or a loaded task. Unknown tasks and agents, and bad task files, raise
-    :class:`~servegym.errors.UserError` before anything is written.
+    :class:`~servegym.errors.UserError` before anything is written. The trial holds its
+    folder's lock while it runs (another process running it is a one-line UserError), and a
+    re-run of a finished trial replaces its result only once the new one is complete
+    (:mod:`servegym.runner.folders`). Outside a sweep (``in_sweep`` false) it also holds the
+    run folder, shared (exclusively when it replaces a result), so it is refused while a
+    sweep's driver holds it, and a re-run never changes a result under another running
+    trial's watch.
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
@@ -225,13 +231,48 @@ def run_trial(
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
     agent = make_agent(agent_name, **(agent_options or {}))
-    check_nameable(trial_folder(out_dir, loaded.id, agent_name, seed))
+    final = trial_folder(out_dir, loaded.id, agent_name, seed)
+    check_nameable(final)
     if not force:
         done = finished_trial(out_dir, loaded.id, agent_name, seed)
         if done is not None:
+            tidy(final)
             done.mark_skipped()
             return done
-    folder = prepare_folder(out_dir, loaded.id, agent_name, seed)
+    # A sweep's worker runs under its driver's hold of the folder; a standalone run shares
+    # it, unless it replaces a result the folder's other running trials would see change.
+    replacing = (final / TRIAL_FILE).exists()
+    holding = nullcontext() if in_sweep else hold_run_dir(out_dir, shared=not replacing)
+    with holding, lock_trial(final):
+        settle(final)
+        done = finished_trial(out_dir, loaded.id, agent_name, seed)
+        if done is not None and not force:  # finished by another process meanwhile
+            done.mark_skipped()
+            return done
+        # a finished result stays in place until the re-run is complete
+        folder = staged(final) if done is not None else final
+        try:
+            result = _run_in(loaded, agent, agent_name, seed, out_dir, folder, progress)
+        except BaseException:
+            if folder != final:  # the re-run did not finish: the old result stands
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if folder != final:
+            swap_in(folder, final)
+        return result
+
+
+def _run_in(
+    loaded: LoadedTask,
+    agent: Agent,
+    agent_name: str,
+    seed: int,
+    out_dir: Path,
+    folder: Path,
+    progress: TrialProgress | None,
+) -> TrialResult:
+    """The trial, written to ``folder`` (``trial.json`` last)."""
+    prepare_folder(folder)
     prog = progress or TrialProgress()
     if agent.keep_trajectory(folder / TRAJECTORY_FILE):
         (folder / TRAJECTORY_FILE).unlink(missing_ok=True)
@@ -244,6 +285,8 @@ def run_trial(
     env = phase.env
     if env.broken_task is not None:  # the baseline did not start: no trial to record
         raise broken_task_error(loaded, env.broken_task)
+    if env.write_error is not None:  # experiments.jsonl could not be written: not recorded
+        raise env.write_error
     scoring = scoring_seed(loaded.id, seed, avoid=loaded.task.workload.dev_seed)
     t1 = time.perf_counter()
     try:
@@ -296,24 +339,19 @@ def run_trial(
     return result
 
 
-def prepare_folder(out_dir: Path, task_id: str, agent_name: str, seed: int) -> Path:
-    """The trial's folder, created, without the files of an earlier run of it."""
-    folder = trial_folder(out_dir, task_id, agent_name, seed)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"--out: {folder} exists and is not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out: cannot create {folder}: {e.strerror}") from None
-    for stale in (
-        TRIAL_FILE,
-        EXPERIMENTS_FILE,
-        LATENCIES_FILE,
-        AGENT_ERROR_FILE,
-        HARNESS_ERROR_FILE,
-    ):
-        (folder / stale).unlink(missing_ok=True)
-    return folder
+STALE_FILES = (
+    TRIAL_FILE,
+    EXPERIMENTS_FILE,
+    LATENCIES_FILE,
+    AGENT_ERROR_FILE,
+    HARNESS_ERROR_FILE,
+)
+"""What an earlier, unfinished run of a trial may have left in its folder."""
+
+
+def prepare_folder(folder: Path) -> Path:
+    """The trial's folder, created (0700), without the files of an earlier run of it."""
+    return prepare_trial_folder(folder, STALE_FILES)
 
 
 @dataclass
@@ -361,7 +399,7 @@ def agent_phase(
     except (Exception, SystemExit) as e:  # an agent calling sys.exit() crashed too
         if env.harness_error is None:
             agent_error = _error_text(e)
-            (folder / AGENT_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+            write_private(folder / AGENT_ERROR_FILE, traceback.format_exc())
     finally:
         env.close()
     return AgentPhase(env, agent_error, watch.findings(env.workspace_actions()))
@@ -393,7 +431,7 @@ def final_evaluation(
     except BrokenTask:
         raise  # the task's fault, not the harness's: run_trial refuses it in one line
     except Exception as e:
-        (folder / HARNESS_ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+        write_private(folder / HARNESS_ERROR_FILE, traceback.format_exc())
         return None, _error_text(e)
     return evaluation, None
 
@@ -417,8 +455,12 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
     """What an agent phase must leave alone (see :mod:`servegym.runner.agent_watch`): the
     harness's code, the task's folder, the other trials' finished results, the reference
     outputs (which the harness itself may add to)."""
-    others = sorted(
-        p for p in out_dir.glob(f"*/{TRIAL_FILE}") if p.parent.resolve() != folder.resolve()
+    others = sorted(  # finished results only: an unreadable one is due for a re-run
+        p
+        for p in out_dir.glob(f"*/{TRIAL_FILE}")
+        if not p.parent.name.startswith(".")  # a re-run's work, not a result
+        and p.parent.resolve() != folder.resolve()
+        and _readable(p)
     )
     growing: list[Path] = []
     extra: list[tuple[Path, str]] = []
@@ -431,6 +473,14 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
         forbidden=forbidden_patterns(extra),
         growing=growing,
     )
+
+
+def _readable(path: Path) -> bool:
+    try:
+        read_trial(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def fold_evaluation(result: TrialResult, evaluation: Evaluation) -> None:
