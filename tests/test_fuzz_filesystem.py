@@ -210,10 +210,18 @@ def kill_case(tally: Tally, rng: random.Random, tmp: Path, template: Path, i: in
         shutil.copytree(template, out)
     before = finished(out) if out.exists() else {}
     args = command("sweep" if what == "sweep" else "run", out, force=what == "force")
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
-    stdout, stderr = proc.communicate()
+    try:  # a process that outlives the driver keeps its pipes open: an orphan, not a hang
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        tally.wrong(case, "a process of the killed driver outlived it by 60 s")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
     tally.saw(case, stdout, stderr)
     settle_workers(out)
     check_files(tally, case, out, after_resume=False)

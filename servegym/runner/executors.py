@@ -145,11 +145,16 @@ def _outcome(data: dict[str, Any]) -> TrialOutcome:
 # --- local ----------------------------------------------------------------------------------
 
 
-def _die_with_driver() -> None:
-    """Worker initializer: SIGKILL this worker when the driver dies, however it dies."""
+def _die_with_driver(driver: int) -> None:
+    """Worker initializer: SIGKILL this worker when the driver dies, however it dies. The
+    death signal is set only once the spawned worker runs this, so a driver killed during a
+    worker's start-up is caught by the parent check after it (else the worker would live on,
+    holding the driver's output pipes)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != driver:  # the driver died before the death signal was set
+        os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C
 
 
@@ -186,7 +191,10 @@ class LocalExecutor:
         running: dict[Future[dict[str, Any]], tuple[TrialSpec, int | None]] = {}
         context = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(
-            self.max_concurrent, mp_context=context, initializer=_die_with_driver
+            self.max_concurrent,
+            mp_context=context,
+            initializer=_die_with_driver,
+            initargs=(os.getpid(),),
         )
         try:
             while pending or running:
