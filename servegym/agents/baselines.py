@@ -20,6 +20,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -142,6 +143,25 @@ def _baseline_of(desc: TaskDescription) -> ServingConfig:
     return ServingConfig.model_validate(desc.baseline)
 
 
+def start_search(
+    env: TaskEnvironment, search_space_path: Path | None, **tracker_options: Any
+) -> tuple[TaskDescription, ServingConfig, SearchSpace, Tracker]:
+    """What every search baseline does first: read the task, submit its baseline (so a
+    search cut short still submits something), load the task's search space and track the
+    experiments (``tracker_options``: :class:`Tracker`'s)."""
+    desc = env.describe()
+    baseline = _baseline_of(desc)
+    env.submit(baseline)
+    space = load_search_space(
+        search_space_name(desc),
+        model=desc.model,
+        num_gpus=desc.num_gpus_available,
+        path=search_space_path,
+    )
+    tracker = Tracker(env, baseline, accuracy_min_ratio=desc.accuracy_min_ratio, **tracker_options)
+    return desc, baseline, space, tracker
+
+
 @register_agent("default")
 class DefaultAgent(AgentBase):
     """Submits the task's baseline config unchanged; ``measure`` runs it once first (so a
@@ -185,19 +205,9 @@ class SearchAgent(AgentBase):
         self.tracker: Tracker | None = None
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
-        desc = env.describe()
-        baseline = _baseline_of(desc)
-        env.submit(baseline)
-        space = load_search_space(
-            search_space_name(desc),
-            model=desc.model,
-            num_gpus=desc.num_gpus_available,
-            path=self.search_space_path,
-        )
-        tracker = Tracker(
+        _, baseline, space, tracker = start_search(
             env,
-            baseline,
-            accuracy_min_ratio=desc.accuracy_min_ratio,
+            self.search_space_path,
             max_experiments=self.max_experiments,
             max_consecutive_errors=self.max_consecutive_errors,
         )

@@ -31,13 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servegym.agents.base import AgentBase, TaskDescription, TaskEnvironment, register_agent
-from servegym.agents.baselines import (
-    FAILED_SCORE,
-    Tracker,
-    _baseline_of,
-    _Stop,
-    search_space_name,
-)
+from servegym.agents.baselines import FAILED_SCORE, Tracker, _Stop, start_search
 from servegym.agents.search_space import (
     SPECULATIVE_KNOB,
     SPECULATIVE_OFF,
@@ -46,7 +40,6 @@ from servegym.agents.search_space import (
     Params,
     Scalar,
     SearchSpace,
-    load_search_space,
 )
 from servegym.engines.config import ServingConfig
 
@@ -185,20 +178,8 @@ class ChecklistAgent(AgentBase):
         """The moves the final combination kept, in order (for reports and tests)."""
 
     def run(self, env: TaskEnvironment, seed: int) -> None:
-        desc = env.describe()
-        baseline = _baseline_of(desc)
-        env.submit(baseline)
-        space = load_search_space(
-            search_space_name(desc),
-            model=desc.model,
-            num_gpus=desc.num_gpus_available,
-            path=self.search_space_path,
-        )
-        tracker = Tracker(
-            env,
-            baseline,
-            accuracy_min_ratio=desc.accuracy_min_ratio,
-            max_experiments=self.max_experiments,
+        desc, baseline, space, tracker = start_search(
+            env, self.search_space_path, max_experiments=self.max_experiments
         )
         self.tracker = tracker
         self.base = effective_baseline(desc)
