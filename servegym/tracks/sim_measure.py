@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from servegym.engines.sim.engine import simulate
+from servegym.engines.sim.engine import SimRun, simulate
 from servegym.engines.sim.launch import LaunchedEngine
-from servegym.loadgen.records import RunResult
+from servegym.loadgen.records import RequestRecord, RunResult
 from servegym.pipeline.engine import PipelineEngine
 from servegym.pipeline.measure import measure_pipeline
 from servegym.scoring.metrics import Metrics, RequestLatencies, compute_metrics, request_latencies
@@ -83,6 +84,21 @@ def run_workload(
 ) -> SimMeasurement:
     """Simulate ``workload`` (noise on, ``noise_seed``) and compute its metrics."""
     run = simulate(engine, workload, noise=True, noise_seed=noise_seed)
+    return _measured(engine, workload, run, run.records, run.duration_s, sla, price)
+
+
+def _measured(
+    engine: LaunchedEngine,
+    workload: Workload,
+    run: SimRun,
+    records: list[RequestRecord],
+    duration_s: float,
+    sla: SLA | None,
+    price: Price | None,
+    **extra: Any,
+) -> SimMeasurement:
+    """The measurement of ``records`` of ``run`` (those marked warm-up count nowhere) over
+    ``duration_s``; ``extra``: further :class:`SimMeasurement` fields."""
     result = RunResult(
         target=engine.name,
         model=engine.model.id,
@@ -90,18 +106,17 @@ def run_workload(
         workload_hash="",
         seed=workload.seed,
         started_at="",
-        duration_s=run.duration_s,
-        records=run.records,
+        duration_s=duration_s,
+        records=records,
         server_metrics_delta=run.server_metrics_delta,
         stopped_early=run.stopped_early,
     )
-    metrics = compute_metrics(result, sla=sla, price=price)
-    counts = integrity_counts(run.records)
     return SimMeasurement(
-        metrics=metrics,
+        metrics=compute_metrics(result, sla=sla, price=price),
         sim_seconds=run.stats.virtual_s,
-        integrity=counts,
-        latencies=request_latencies(run.records),
+        integrity=integrity_counts(records),
+        latencies=request_latencies(records),
+        **extra,
     )
 
 
@@ -148,29 +163,14 @@ def run_steady(
     sent = [r.sent_ns for r in meas if r.sent_ns is not None]
     ends = [e for r in meas if (e := r.done_ns if r.error is None else r.end_ns) is not None]
     duration = max((max(ends) - min(sent)) / 1e9, 0.0) if sent and ends else 0.0
-    result = RunResult(
-        target=engine.name,
-        model=engine.model.id,
-        workload=workload.spec.name,
-        workload_hash="",
-        seed=workload.seed,
-        started_at="",
-        duration_s=duration,
-        records=records,
-        server_metrics_delta=run.server_metrics_delta,
-        stopped_early=run.stopped_early,
-    )
     sessions = len({r.session_id for r in meas})
     tokens = sum(r.expected_output_tokens for r in meas)
     growth, allowance = backlog_growth(run.records, cut)
-    return SimMeasurement(
-        metrics=compute_metrics(result, sla=sla, price=price),
-        sim_seconds=run.stats.virtual_s,
-        integrity=integrity_counts(records),
-        latencies=request_latencies(records),
+    return _measured(
+        engine, workload, run, records, duration, sla, price,
         output_per_session=tokens / sessions if sessions else None,
         kept_up=growth <= max(MAX_BACKLOG_GROWTH, allowance),
-    )
+    )  # fmt: skip
 
 
 def cost_at_rate(price: Price, rate: float, output_per_session: float | None) -> float | None:
