@@ -112,7 +112,8 @@ def _kill_when_linking(server: ServerProcess, cache: Path, timeout_s: float) -> 
     raise AssertionError("no kernel was linked within the time limit")
 
 
-@pytest.mark.beyond_ci  # two cold compiles (~6 min); the stand-ins of test_compile_cache cover the logic
+# Two cold compiles (~6 min); the stand-ins of test_compile_cache cover the logic.
+@pytest.mark.beyond_ci
 def test_a_start_killed_mid_compile_does_not_poison_the_next(track: None, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = ServerProcess(_spec(cache), tmp_path / "killed.log", start_timeout_s=1200)
