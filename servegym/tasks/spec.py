@@ -187,6 +187,26 @@ class EvaluationSpec(_Strict):
         description="paired baseline/submission runs; at least 5: the score's bootstrap "
         "interval is over pairs",
     )
+    max_repeats: int | None = Field(
+        default=None,
+        le=100,
+        description="adaptive pairs: add pairs past `repeats` until the score's interval "
+        "half-width is at most `target_half_width`, this many pairs ran, or `pairs_time_s` is "
+        "spent (None: exactly `repeats` pairs)",
+    )
+    target_half_width: float = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="adaptive pairs stop once sqrt(high / low) - 1 of the interval is at most this",
+    )
+    pairs_time_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="adaptive pairs: wall seconds the pairs may take; no pair is added that "
+        "would overrun it",
+    )
     bootstrap_samples: int = Field(default=2000, ge=100)
     oracle_min_score: float = Field(
         default=1.2, gt=1.0, description="the expert config must score at least this"
@@ -217,6 +237,19 @@ class EvaluationSpec(_Strict):
                 "bootstrap interval is over pairs"
             )
         return value
+
+    @model_validator(mode="after")
+    def _limit_above_minimum(self) -> EvaluationSpec:
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(
+                f"max_repeats ({self.max_repeats}) must be at least repeats ({self.repeats})"
+            )
+        return self
+
+    @property
+    def pair_limit(self) -> int:
+        """The most pairs an evaluation may run (each needs its own workload sample)."""
+        return self.max_repeats if self.max_repeats is not None else self.repeats
 
 
 @dataclass(frozen=True, slots=True)

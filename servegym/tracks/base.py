@@ -108,6 +108,16 @@ class EvaluationSession(ABC):
         :class:`SideCrashed`; the baseline failing raises
         :class:`~servegym.errors.HarnessError`."""
 
+    async def prepare_checks(self) -> None:
+        """Get what the accuracy and integrity checks need, after :meth:`close` stopped the
+        measured sides (the real tracks' reference outputs). Default: nothing."""
+        return None
+
+    async def finish_checks(self) -> None:
+        """Stop what :meth:`prepare_checks` or the checks started; always runs after them.
+        Default: nothing."""
+        return None
+
     @abstractmethod
     def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
         """The side's accuracy as recorded (None: not measured)."""

@@ -138,7 +138,8 @@ class CpuPipelineEvaluation(EvaluationSession):
         self.cpu = CpuPipelineTask(loaded)
         self.spec = self.cpu.spec
         self.samples = [
-            self.cpu.questions(pair_seed(scoring_seed, i)) for i in range(task.evaluation.repeats)
+            self.cpu.questions(pair_seed(scoring_seed, i))
+            for i in range(task.evaluation.pair_limit)
         ]
         self.sample = SampleInfo(
             f"{task.id} questions",

