@@ -48,6 +48,9 @@ def test_default_agent_trial_on_a_cpu_task(loaded: LoadedTask, tmp_path: Path) -
     assert (folder / "servers" / "eval-submission.log").is_file()
     data = json.loads((folder / "trial.json").read_text())
     assert data["track"] == "cpu" and data["submission"]["launched"]
+    evaluation = data["evaluation"]
+    print(f"pairs: {len(evaluation['pair_workload_hashes'])}, {evaluation['pairs_stopped']}")
+    assert evaluation["pairs_stopped"] in {"narrow", "max_repeats", "time_budget"}
 
 
 def test_the_oracle_config_beats_the_baseline(loaded: LoadedTask, tmp_path: Path) -> None:
@@ -60,6 +63,11 @@ def test_the_oracle_config_beats_the_baseline(loaded: LoadedTask, tmp_path: Path
     assert ev.submission is not None and ev.submission.accuracy_ratio is not None
     assert ev.baseline.accuracy_ratio is not None
     assert ev.submission.accuracy_ratio >= ev.baseline.accuracy_ratio
+    # one reference server served both the reference outputs and the probe check
+    assert (tmp_path / "eval-reference.log").is_file()
+    assert not list(tmp_path.glob("reference-*.log"))
+    assert ev.info.pairs_stopped in {"narrow", "max_repeats", "time_budget"}
+    assert len(ev.objective.pairs) >= loaded.task.evaluation.repeats
 
 
 SCRIPT = Path(__file__).parents[1] / "agents" / "scripts" / "cpu-float32-launcher.jsonl"
