@@ -293,6 +293,8 @@ async def _evaluate(
                 if progress is not None:
                     progress("evaluation", done, total)
             pairs.append((b, s))
+        if sub is not None and sub.up and crashed is None:
+            await session.after_pairs(base, sub)
     finally:
         await session.close()
     finished = sub is not None and sub.up and crashed is None

@@ -138,9 +138,17 @@ class WorkloadRef(_Strict):
 
 
 class AccuracyGate(_Strict):
-    """The submission's accuracy must be at least ``min_ratio`` of the baseline's."""
+    """The submission's accuracy must be at least ``min_ratio`` of the baseline's. On a
+    real track it also keeps answering the quality set (:mod:`servegym.scoring.quality`):
+    its right answers at least ``quality_min_ratio`` of the baseline's."""
 
     min_ratio: float = Field(default=0.98, gt=0, le=1)
+    quality_set: bool | None = Field(
+        default=None,
+        description="real tracks: ask both sides the quality set; default: on unless the "
+        "model has random weights (servegym-tiny)",
+    )
+    quality_min_ratio: float = Field(default=0.95, gt=0, le=1)
 
 
 class BudgetSpec(_Strict):
@@ -369,6 +377,10 @@ class Task(_Strict):
             raise ValueError(f"a {self.track} task's engines must be {list(traits.engines)}")
         if traits.simulated and self.budget.sim_gpu_seconds is None:
             raise ValueError(f"a {self.track} task needs budget.sim_gpu_seconds")
+        if traits.simulated and self.accuracy.quality_set:
+            raise ValueError(
+                "accuracy.quality_set is asked of real servers; the simulator models accuracy"
+            )
         if not traits.simulated and self.sim_engine != "vllm":
             raise ValueError(
                 f"sim_engine is for sim tasks; the {self.track} track runs real engines"

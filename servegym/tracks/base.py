@@ -108,6 +108,11 @@ class EvaluationSession(ABC):
         :class:`SideCrashed`; the baseline failing raises
         :class:`~servegym.errors.HarnessError`."""
 
+    async def after_pairs(self, baseline: StartedSide, submission: StartedSide) -> None:
+        """Checks of both live sides once every pair is measured and the submission ran to
+        the end (the real tracks ask the quality set here). Default: none."""
+        return None
+
     @abstractmethod
     def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
         """The side's accuracy as recorded (None: not measured)."""
