@@ -250,6 +250,11 @@ def _nvidia_smi() -> tuple[bool, list[Gpu], str | None]:
     return True, gpus, driver
 
 
+def probe_gpus() -> list[Gpu]:
+    """This host's NVIDIA GPUs (none without ``nvidia-smi``)."""
+    return _nvidia_smi()[1]
+
+
 def _docker(facts: HostFacts) -> None:
     try:
         from servegym.sandbox.docker_runner import DockerRunner

@@ -350,6 +350,19 @@ class Task(_Strict):
         default=False,
         description="real tracks: whether the agent's commands may reach the network",
     )
+    mirror_of: str | None = Field(
+        default=None,
+        description="the sim task this real-track task mirrors (same model, hardware, "
+        "workload, objective and budget); `servegym task validate` checks its oracle on it",
+    )
+    validated: bool | None = Field(
+        default=None,
+        description="real tracks: whether `servegym task validate` has passed the task on a "
+        "host of its track (it writes this and validated_on); None: not tracked",
+    )
+    validated_on: str | None = Field(
+        default=None, description="the host and date of that validation (written by it)"
+    )
 
     @field_validator("track")
     @classmethod
@@ -381,6 +394,8 @@ class Task(_Strict):
             raise ValueError(
                 "accuracy.quality_set is asked of real servers; the simulator models accuracy"
             )
+        if traits.simulated and self.validated is not None:
+            raise ValueError("validated is for real-track tasks (a sim task validates anywhere)")
         if not traits.simulated and self.sim_engine != "vllm":
             raise ValueError(
                 f"sim_engine is for sim tasks; the {self.track} track runs real engines"
