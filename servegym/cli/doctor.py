@@ -37,7 +37,8 @@ def render_doctor(
         names = ", ".join(item for item, _ in missing)
         lines.append(Text.assemble((f"{track}: ", "bold"), ("cannot run", "red"), f": {names}"))
         for item, fix in missing:
-            lines.append(Text(f"  fix {item}: {fix}"))
+            for step in fix.split("; "):  # one command a line
+                lines.append(Text(f"  fix {item}: {step}"))
     return table, lines
 
 
