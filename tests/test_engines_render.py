@@ -385,7 +385,7 @@ def sglang_args(config: ServingConfig, host: HostInfo = GPUS8) -> list[str]:
 def test_sglang_baseline_command() -> None:
     assert sglang_args(ServingConfig()) == [
         "--model-path", MODEL.path, "--served-model-name", "m",
-        "--host", "0.0.0.0", "--port", str(PORT),
+        "--host", "0.0.0.0", "--port", str(PORT), "--enable-metrics",
     ]  # fmt: skip
 
 

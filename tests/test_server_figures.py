@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from servegym.loadgen.prom import GaugeSampler, parse_gauges
-from servegym.scoring.server_figures import server_figures
+from servegym.scoring.server_figures import ServerFigures, server_figures
 
 L0 = '{engine="0",model_name="m"}'
 L1 = '{engine="1",model_name="m"}'
@@ -311,3 +312,111 @@ async def test_gauge_sampler_without_a_server() -> None:
         await asyncio.sleep(0.1)
         assert await sampler.stop() == {}
         assert await sampler.stop() == {}  # twice is fine
+
+
+# --- recorded /metrics text of each engine, through the harness's own scrape path -----------
+
+METRICS = Path(__file__).parent / "data" / "metrics"
+
+
+async def _figures_of(
+    serve: Callable[..., object], engine: str, texts: tuple[str, str, str], client_ms: float
+) -> ServerFigures | None:
+    """Serve ``before``, ``busy`` and ``after`` in turn as ``/metrics`` and read them as a
+    run does: a scrape, the gauge sampler during the run, a scrape, the delta's figures."""
+    from servegym.engines.base import get_engine
+    from servegym.loadgen import prom
+
+    current = {"text": texts[0]}
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=current["text"], content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server: TestServer = await serve(app)  # type: ignore[misc]
+    url = str(server.make_url("/"))
+    declared = get_engine(engine).metrics
+    assert declared is not None
+    async with aiohttp.ClientSession() as http:
+        before = await prom.scrape(http, url)
+        current["text"] = texts[1]
+        sampler = GaugeSampler(http, url, gauges=declared.gauges(), interval_s=0.02)
+        sampler.start()
+        await asyncio.sleep(0.1)
+        peaks = await sampler.stop()
+        current["text"] = texts[2]
+        after = await prom.scrape(http, url)
+    assert before is not None and after is not None
+    delta = prom.delta(before, after)
+    return server_figures(delta, peaks, client_ms, int(delta.get(_TTFT_COUNT[engine], 0)))
+
+
+_TTFT_COUNT = {
+    "sglang": 'sglang:time_to_first_token_seconds_count{model_name="Qwen/Qwen3-8B"}',
+    "vllm-cpu": 'vllm:time_to_first_token_seconds_count{engine="0",model_name="servegym-tiny"}',
+}
+
+
+def _texts(stem: str) -> tuple[str, str, str]:
+    before, busy, after = (METRICS / f"{stem}-{p}.txt" for p in ("before", "busy", "after"))
+    return before.read_text(), busy.read_text(), after.read_text()
+
+
+async def test_sglang_metrics_text_gives_its_figures(serve: Callable[..., object]) -> None:
+    """SGLang's own names (``sglang:num_running_reqs``, ``sglang:token_usage``, ...), in the
+    text its server writes (``tests/data/metrics/make_sglang.py``)."""
+    f = await _figures_of(serve, "sglang", _texts("sglang"), 105.0)
+    assert f is not None and f.engine == "sglang"
+    assert f.requests == 40 and f.prompt_tokens == 40000 and f.generation_tokens == 6400
+    assert f.prefix_cache_queries == 40000 and f.prefix_cache_hits == 10000
+    assert f.prefix_cache_hit_rate == pytest.approx(0.25)
+    assert f.preemptions == 3
+    assert f.queue_time_mean_ms == pytest.approx(20.0)
+    assert f.ttft_mean_ms == pytest.approx(100.0)
+    assert f.kv_cache_usage_peak == pytest.approx(0.61)
+    assert f.running_peak == 24 and f.waiting_peak == 5
+    assert f.ttft_check is not None and f.ttft_check.consistent
+    assert f.ttft_check.server_count == 40 and f.ttft_check.note == ""
+
+
+async def test_vllm_metrics_text_gives_its_figures(serve: Callable[..., object]) -> None:
+    """vLLM's names, in text recorded from vllm-cpu 0.32.0 serving servegym-tiny (the same
+    names as the CUDA build's): 16 requests of 120 prompt tokens and 48 output tokens,
+    scraped before, at their peak and after."""
+    f = await _figures_of(serve, "vllm-cpu", _texts("vllm-cpu"), 1300.0)
+    assert f is not None and f.engine == "vllm"
+    assert f.requests == 16 and f.prompt_tokens == 16 * 120 and f.generation_tokens == 16 * 48
+    assert f.prefix_cache_queries == 16 * 120 and f.prefix_cache_hits == 0
+    assert f.preemptions == 0
+    assert f.queue_time_mean_ms is not None and 0 < f.queue_time_mean_ms < 1
+    assert f.ttft_mean_ms == pytest.approx(1218.235, abs=0.01)
+    assert f.running_peak == 16 and f.waiting_peak == 0
+    assert f.kv_cache_usage_peak == pytest.approx(0.0078163, abs=1e-6)
+    assert f.ttft_check is not None and f.ttft_check.consistent and f.ttft_check.note == ""
+
+
+def test_each_engine_reads_only_its_own_names() -> None:
+    """vLLM's text read by SGLang's declared names gives nothing, and the other way round:
+    the figures come from the names an engine declares, not from names that look alike."""
+    from servegym.engines.base import get_engine
+    from servegym.loadgen import prom
+
+    vllm, sglang = get_engine("vllm").metrics, get_engine("sglang").metrics
+    texts = {"vllm-cpu": _texts("vllm-cpu"), "sglang": _texts("sglang")}
+    deltas = {
+        k: prom.delta(prom.parse_cumulative(t[0]), prom.parse_cumulative(t[2]))
+        for k, t in texts.items()
+    }
+    assert server_figures(deltas["vllm-cpu"], {}, None, 0, names=sglang) is None
+    assert server_figures(deltas["sglang"], {}, None, 0, names=vllm) is None
+    # every name each engine declares is in its own text, with the type it reads it as
+    for stem, m in (("vllm-cpu", vllm), ("sglang", sglang)):
+        assert m is not None
+        text = texts[stem][2]
+        for name in (m.requests, m.prompt_tokens, m.generation_tokens, m.preemptions):
+            assert name is not None and f"# TYPE {name} counter" in text
+        for name in (m.queue_time, m.ttft):
+            assert f"# TYPE {name} histogram" in text
+        for name in m.gauges():
+            assert f"# TYPE {name} gauge" in text

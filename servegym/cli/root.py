@@ -15,6 +15,7 @@ import typer
 
 from servegym.cli import (
     bench,
+    doctor,
     judge,
     leaderboard,
     mock_server,
@@ -51,6 +52,7 @@ app.add_typer(setup_app, name="setup")
 app.command("serve")(serve.serve)
 app.command("judge")(judge.judge)
 app.command("leaderboard")(leaderboard.leaderboard)
+app.command("doctor")(doctor.doctor)
 
 
 _STOPPED_BY: list[int] = []

@@ -1,7 +1,9 @@
 """``servegym task list | show | new | validate``.
 
-- ``task list``: every task under ``tasks/`` (id, track, model, hardware, workload, objective);
-  a task that does not load is listed with its error.
+- ``task list``: every task under ``tasks/`` (id, track, model, hardware, workload, objective;
+  a real-track task that tracks its validation shows it beside its track: ``gpu (not
+  validated)`` until ``task validate`` has passed it on a GPU host); a task that does not
+  load is listed with its error.
 - ``task show ID``: the task as the harness reads it, and the instruction the agent gets.
   Never the oracle.
 - ``task new ID [--from EXISTING]``: scaffold ``tasks/ID/`` (a commented ``task.toml``, an
@@ -58,6 +60,14 @@ def _workload_label(task: Task) -> str:
 LIST_COLUMNS = ("id", "track", "model", "hardware", "workload", "objective")
 
 
+def _track_label(task: Task) -> str:
+    """The track, and for a real-track task that tracks it, whether ``task validate`` has
+    passed it on a host of its track."""
+    if task.validated is None:
+        return task.track
+    return f"{task.track} ({'validated' if task.validated else 'not validated'})"
+
+
 def _task_rows(root: Path | None) -> list[tuple[str, ...]]:
     """One row of :data:`LIST_COLUMNS` per task, or ``(id, error)`` for one that does not
     load."""
@@ -71,7 +81,7 @@ def _task_rows(root: Path | None) -> list[tuple[str, ...]]:
         t = info.task
         direction = "max" if t.objective.higher_is_better else "min"
         objective = f"{direction} {t.objective.label()}"
-        rows.append((t.id, t.track, t.model, t.hardware, _workload_label(t), objective))
+        rows.append((t.id, _track_label(t), t.model, t.hardware, _workload_label(t), objective))
     return rows
 
 
@@ -239,13 +249,15 @@ def render_validation(results: list[CheckResult], n_tasks: int) -> Table:
 
     table = Table(title=f"task validate ({n_tasks} tasks)", title_justify="left")
     table.add_column("task", style="bold", no_wrap=True)
-    for check in CHECKS:
+    # the mirror check is a column only where a task has one (a mirror of a sim task)
+    shown = [c for c in CHECKS if c != "mirror" or any(r.check == c for r in results)]
+    for check in shown:
         table.add_column(check, overflow="fold")
     by_task: dict[str, dict[str, CheckResult]] = {}
     for r in results:
         by_task.setdefault(r.task, {})[r.check] = r
     for task_id, checks in by_task.items():
-        table.add_row(Text(task_id), *(_cell(checks.get(c)) for c in CHECKS))
+        table.add_row(Text(task_id), *(_cell(checks.get(c)) for c in shown))
     return table
 
 

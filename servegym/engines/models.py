@@ -9,6 +9,15 @@ from servegym.engines.cpu_home import TINY_MODEL, track_paths
 from servegym.errors import UserError
 from servegym.paths import quoted
 
+RANDOM_WEIGHT_MODELS = frozenset({TINY_MODEL})
+"""Models whose weights are random: they serve the right shapes at the right speed but
+answer no question (the quality set is off for them, :mod:`servegym.tracks.quality`)."""
+
+
+def random_weights(name: str) -> bool:
+    """Whether the model a task names has random weights."""
+    return name in RANDOM_WEIGHT_MODELS
+
 
 def resolve_model(name_or_path: str, served_name: str | None = None) -> ModelRef:
     """``servegym-tiny`` (the CPU track's model), a local model folder, or a hub id (which

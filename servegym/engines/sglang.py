@@ -91,8 +91,11 @@ SGLANG_METRICS = EngineMetrics(
     running="sglang:num_running_reqs",
     waiting="sglang:num_queue_reqs",
 )
-"""SGLang's ``/metrics`` names (``sglang/srt/metrics/collector.py``). SGLang serves them
-only with ``--enable-metrics``, which :meth:`SglangEngine.render_args` does not add."""
+"""SGLang's ``/metrics`` names, as ``sglang/srt/metrics/collector.py`` defines them: the
+counters, TTFT histogram and request count of its tokenizer manager
+(``TokenizerMetricsCollector``), the gauges, queue-time histogram and retraction counter of
+its scheduler (``SchedulerMetricsCollector``). SGLang serves them only with
+``--enable-metrics``, which :meth:`SglangEngine.render_args` always adds."""
 
 
 @register_engine("sglang")
@@ -125,6 +128,7 @@ class SglangEngine(Engine):
         c = config
         args = ["--model-path", model.path, "--served-model-name", model.served_name]
         args += ["--host", host_addr, "--port", str(port)]
+        args.append("--enable-metrics")  # the server figures' /metrics (vLLM's is always on)
         pairs: list[tuple[str, object | None]] = [
             ("max-running-requests", c.max_num_seqs),
             ("context-length", c.max_model_len),

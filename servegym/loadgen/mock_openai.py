@@ -21,7 +21,9 @@ MAX_ARRIVALS = 2_000_000
 """The receipt times kept for /debug/arrivals (the latest ones), so a long-running server's
 memory stays bounded."""
 
-_FIXED_OPTIONS = frozenset({"model", "check_model", "vocab_size", "check_vocab", "root", "spin_us"})
+_FIXED_OPTIONS = frozenset(
+    {"model", "check_model", "vocab_size", "check_vocab", "root", "spin_us", "replies"}
+)
 """Options a single request cannot override."""
 
 
@@ -65,6 +67,9 @@ class MockOptions:
     usage_extra: int = 0
     stop_after: int = -1
     hang_after: int = -1
+    replies: str = ""
+    """A JSON file of scripted chat answers: a non-streamed chat request whose last message's
+    content is a key gets that value as its whole answer ("" : none)."""
 
     def __post_init__(self) -> None:
         if self.tokens_per_chunk < 1:
@@ -142,10 +147,24 @@ class MockState:
     words: list[str] = field(default_factory=list)
     lateness_ns: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
     """How late each stream's chunk emission ran (now - due), the latest 100,000."""
+    replies: dict[str, str] = field(default_factory=dict)
+    """Scripted chat answers, by the last message's content (:attr:`MockOptions.replies`)."""
 
     def __post_init__(self) -> None:
         if not self.words:
             self.words = [f" w{i}" for i in range(self.options.vocab_size)]
+        if self.options.replies and not self.replies:
+            with open(self.options.replies, "rb") as f:
+                loaded = orjson.loads(f.read())
+            self.replies = {str(k): str(v) for k, v in dict(loaded).items()}
+
+    def scripted_reply(self, req: GenRequest) -> str | None:
+        """The scripted answer to a chat request, if there is one."""
+        if not (req.chat and self.replies and isinstance(req.prompt, list) and req.prompt):
+            return None
+        last = req.prompt[-1]
+        content = last.get("content") if isinstance(last, dict) else None
+        return self.replies.get(content) if isinstance(content, str) else None
 
     def reset(self) -> None:
         """Clear the arrivals, lateness samples and request count; max_running restarts from

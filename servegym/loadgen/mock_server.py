@@ -184,7 +184,9 @@ def _whole(core: _Core, conn: HttpConnection, req: GenRequest) -> None:
             return
         ids = output_token_ids(req.prompt, req.max_tokens, opts.vocab_size)
         words = core.state.words
-        body = req.whole("".join([words[t] for t in ids]), ids)
+        scripted = core.state.scripted_reply(req)
+        text = scripted if scripted is not None else "".join([words[t] for t in ids])
+        body = req.whole(text, ids)
         _finish(core.state, req, True)
         conn.respond(200, body)
 
@@ -400,6 +402,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--root", default=None, help="model folder /v1/models names (vLLM's root)")
     p.add_argument(
+        "--replies",
+        default="",
+        help="JSON file of scripted chat answers, keyed by the last message's content",
+    )
+    p.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -418,6 +425,7 @@ def options_from_args(args: argparse.Namespace) -> MockOptions:
         check_model=not args.any_model,
         max_model_len=args.max_model_len,
         root=args.root,
+        replies=args.replies,
         **(
             {"vocab_size": args.vocab_size, "check_vocab": True}
             if args.vocab_size is not None

@@ -5,11 +5,11 @@ workload: the task's workload spec materialised with the hidden scoring seed
 (:func:`servegym.tasks.secrets.scoring_seed`), which no agent ever sees. The harness
 starts both sides itself (nothing of the agent phase carries over) and measures them in
 pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats. The order
-(gates, baseline, submission, warm-up, pairs, crash handling, accuracy, integrity,
-conclusion) is this module's; how a side starts and is measured is the track's
-(:mod:`servegym.tracks`). On every track each pair runs its own sample of the scoring
-workload (:func:`servegym.tracks.base.pair_seed`), so a trial's interval covers the
-workload's sample-to-sample variation as well as run noise.
+(gates, baseline, submission, warm-up, pairs, checks of both live sides after the pairs,
+crash handling, accuracy, integrity, conclusion) is this module's; how a side starts and
+is measured is the track's (:mod:`servegym.tracks`). On every track each pair runs its own
+sample of the scoring workload (:func:`servegym.tracks.base.pair_seed`), so a trial's
+interval covers the workload's sample-to-sample variation as well as run noise.
 
 Pair ``i`` gives the improvement ratio ``r_i`` of the objective
 (:func:`servegym.scoring.objectives.measurement_improvement`); the score is the geometric
@@ -256,8 +256,9 @@ async def _evaluate(
     track: Track,
     progress: ProgressFn | None,
 ) -> Evaluation:
-    """Gates, baseline, submission, warm-up, alternating pairs ``B, S, B, S, ...``, crash
-    handling, accuracy, integrity, conclusion: the order every track follows."""
+    """Gates, baseline, submission, warm-up, alternating pairs ``B, S, B, S, ...``, checks of
+    both live sides (``after_pairs``), crash handling, accuracy, integrity, conclusion: the
+    order every track follows."""
     task = loaded.task
     session = track.evaluation(loaded, scoring_seed)
     info, summary = evaluation_header(task, session.sample)
@@ -304,6 +305,8 @@ async def _evaluate(
                 if stop is not None:
                     info.pairs_stopped = stop
                     break
+        if sub is not None and sub.up and crashed is None:
+            await session.after_pairs(base, sub)
     finally:
         await session.close()
     finished = sub is not None and sub.up and crashed is None

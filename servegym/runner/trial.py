@@ -512,13 +512,10 @@ def check_track_ready(loaded: LoadedTask) -> None:
         except UserError as e:
             raise UserError(f"--task {loaded.id}: {e.message}") from None
     elif readiness == "nvidia_gpus":
-        from servegym.engines.host import this_host
+        # the doctor's checks (servegym.runner.doctor), the trial's first step on a GPU host
+        from servegym.runner.doctor import require_gpu_host
 
-        if this_host().gpus == 0:
-            raise UserError(
-                f"--task {loaded.id}: gpu-track tasks run on a host with NVIDIA GPUs "
-                "(this one has none); the sim and cpu tracks run anywhere"
-            )
+        require_gpu_host(loaded)
 
 
 def clear_trial(out_dir: Path, task_id: str, agent: str, seed: int) -> None:

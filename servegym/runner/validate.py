@@ -13,6 +13,14 @@ whole trial per seed, and the task fails when its score reaches :data:`CHECKLIST
 of the oracle's (geometric means over the seeds): a task a checklist nearly solves does not
 measure reasoning. It runs on simulated tasks only (on a real track an agent phase takes
 hours); elsewhere it is skipped, saying why.
+
+A real-track task that mirrors a sim task (``mirror_of``) gets the **mirror check**
+(:func:`check_mirror`) on any machine: the model, hardware, workload, objective, SLA and
+budget are the sim task's, and its oracle scores at least ``evaluation.oracle_min_score`` on
+the simulator. A real-track task that tracks its validation (``validated``) has the verdict
+of its nop and oracle checks, run on a host of its track, written into its ``task.toml``
+(:func:`servegym.tasks.validated.write_validated`); checks skipped for want of the track
+write nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from servegym.tasks.loader import (
 if TYPE_CHECKING:
     from servegym.engines.config import ServingConfig
     from servegym.runner.evaluation import Evaluation
+    from servegym.tasks.spec import Task
 
 
 def folders_to_validate(task_ids: list[str], root: Path | None, seeds: int) -> list[Path]:
@@ -207,6 +216,73 @@ def check_checklist(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
     return CheckResult(t.id, "checklist", ok, detail, short=f"{mine:.3f} = {share:.0%} of oracle")
 
 
+def _mirror_differences(task: Task, sim: Task) -> list[str]:
+    """What of ``task`` is not the same as the sim task ``sim`` it mirrors."""
+    from servegym.engines.sim.profiles import model_profiles
+
+    found: list[str] = []
+    profile = model_profiles().get(sim.model)
+    if profile is None or profile.hf_name != task.model:
+        want = profile.hf_name if profile is not None else sim.model
+        found.append(f"model {task.model} (the sim task's is {want})")
+    pairs: list[tuple[str, object, object]] = [
+        ("hardware", task.hardware, sim.hardware),
+        ("workload", task.workload, sim.workload),
+        ("objective", task.objective, sim.objective),
+        ("sla", task.sla, sim.sla),
+        ("accuracy.min_ratio", task.accuracy.min_ratio, sim.accuracy.min_ratio),
+        ("budget.max_experiments", task.budget.max_experiments, sim.budget.max_experiments),
+        ("budget in GPU-seconds", task.budget.wall_seconds, sim.budget.sim_gpu_seconds),
+    ]
+    for name, ours, theirs in pairs:
+        if ours != theirs:
+            found.append(f"{name} differs")
+    return found
+
+
+def check_mirror(loaded: LoadedTask, seeds: int = 1) -> CheckResult:
+    """The task is its sim task's mirror, and its oracle scores at least
+    ``evaluation.oracle_min_score`` there (on the simulator: any machine runs it)."""
+    from servegym.errors import HarnessError
+
+    t = loaded.task
+    assert t.mirror_of is not None
+    folder = loaded.path.parent / t.mirror_of
+    try:
+        sim = load_task_folder(folder if folder.is_dir() else resolve_task_folder(t.mirror_of))
+    except UserError as e:
+        return CheckResult(t.id, "mirror", False, f"mirror_of {t.mirror_of}: {e.message}")
+    if not sim.task.traits.simulated:
+        return CheckResult(t.id, "mirror", False, f"mirror_of {t.mirror_of}: not a sim task")
+    differences = _mirror_differences(t, sim.task)
+    if differences:
+        return CheckResult(
+            t.id, "mirror", False, f"not a mirror of {sim.id}: {'; '.join(differences)}"
+        )
+    if loaded.oracle is None:
+        return CheckResult(t.id, "mirror", False, f"no {ORACLE_FILE} to check on the simulator")
+    need = t.evaluation.oracle_min_score
+    scores: list[str] = []
+    ok = True
+    for trial_seed, seed in _scoring_seeds(sim, seeds):
+        try:
+            ev = _evaluate(sim, loaded.oracle.model_copy(deep=True), seed)
+        except HarnessError as e:
+            return CheckResult(t.id, "mirror", False, str(e))
+        if ev.outcome != "scored" or ev.score is None:
+            why = f"the oracle on the simulator (as {sim.id}), seed {trial_seed}: {ev.outcome}"
+            return CheckResult(t.id, "mirror", False, why, short=ev.outcome)
+        scores.append(f"{ev.score:.3f}")
+        ok = ok and ev.score >= need
+    return CheckResult(
+        t.id,
+        "mirror",
+        ok,
+        f"mirrors {sim.id}; its oracle scores {', '.join(scores)} on the simulator (>= {need:g})",
+        short=f"{', '.join(scores)} (sim)",
+    )
+
+
 def validate_task(
     folder: Path, *, seeds: int = 1, schema_only: bool = False, checklist: bool = True
 ) -> list[CheckResult]:
@@ -236,6 +312,8 @@ def validate_task(
     ]
     if schema_only:
         return results
+    if loaded.task.mirror_of is not None:
+        results.append(check_mirror(loaded, seeds))
     missing = _real_track_missing(loaded)
     if missing is not None:
         note = f"nop and oracle checks need the {loaded.task.track} track: {missing}"
@@ -244,9 +322,31 @@ def validate_task(
         return results
     results.append(check_nop(loaded, seeds))
     results.append(check_oracle(loaded, seeds))
+    if loaded.task.validated is not None:
+        from servegym.tasks.validated import write_validated
+
+        passed = all(r.passed for r in results[-2:])
+        write_validated(loaded, passed, _host_line())
     if checklist:
         results.append(check_checklist(loaded, seeds))
     return results
 
 
-CHECKS: tuple[str, ...] = ("schema", "nop", "oracle", "checklist")
+def _host_line() -> str:
+    """The host a validation ran on, for ``validated_on``: its GPUs (or CPU) and the date."""
+    import datetime
+
+    from servegym.engines.host import this_host
+    from servegym.runner.doctor import probe_gpus
+
+    gpus = probe_gpus()
+    if gpus:
+        names = sorted({g.name for g in gpus})
+        what = f"{len(gpus)} x {' / '.join(names)}"
+    else:
+        host = this_host()
+        what = f"{host.cpus} CPUs ({host.isa})"
+    return f"{what}, {datetime.date.today().isoformat()}"
+
+
+CHECKS: tuple[str, ...] = ("schema", "mirror", "nop", "oracle", "checklist")

@@ -138,9 +138,17 @@ class WorkloadRef(_Strict):
 
 
 class AccuracyGate(_Strict):
-    """The submission's accuracy must be at least ``min_ratio`` of the baseline's."""
+    """The submission's accuracy must be at least ``min_ratio`` of the baseline's. On a
+    real track it also keeps answering the quality set (:mod:`servegym.scoring.quality`):
+    its right answers at least ``quality_min_ratio`` of the baseline's."""
 
     min_ratio: float = Field(default=0.98, gt=0, le=1)
+    quality_set: bool | None = Field(
+        default=None,
+        description="real tracks: ask both sides the quality set; default: on unless the "
+        "model has random weights (servegym-tiny)",
+    )
+    quality_min_ratio: float = Field(default=0.95, gt=0, le=1)
 
 
 class BudgetSpec(_Strict):
@@ -375,6 +383,19 @@ class Task(_Strict):
         default=False,
         description="real tracks: whether the agent's commands may reach the network",
     )
+    mirror_of: str | None = Field(
+        default=None,
+        description="the sim task this real-track task mirrors (same model, hardware, "
+        "workload, objective and budget); `servegym task validate` checks its oracle on it",
+    )
+    validated: bool | None = Field(
+        default=None,
+        description="real tracks: whether `servegym task validate` has passed the task on a "
+        "host of its track (it writes this and validated_on); None: not tracked",
+    )
+    validated_on: str | None = Field(
+        default=None, description="the host and date of that validation (written by it)"
+    )
 
     @field_validator("track")
     @classmethod
@@ -402,6 +423,12 @@ class Task(_Strict):
             raise ValueError(f"a {self.track} task's engines must be {list(traits.engines)}")
         if traits.simulated and self.budget.sim_gpu_seconds is None:
             raise ValueError(f"a {self.track} task needs budget.sim_gpu_seconds")
+        if traits.simulated and self.accuracy.quality_set:
+            raise ValueError(
+                "accuracy.quality_set is asked of real servers; the simulator models accuracy"
+            )
+        if traits.simulated and self.validated is not None:
+            raise ValueError("validated is for real-track tasks (a sim task validates anywhere)")
         if not traits.simulated and self.sim_engine != "vllm":
             raise ValueError(
                 f"sim_engine is for sim tasks; the {self.track} track runs real engines"

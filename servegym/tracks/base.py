@@ -108,6 +108,11 @@ class EvaluationSession(ABC):
         :class:`SideCrashed`; the baseline failing raises
         :class:`~servegym.errors.HarnessError`."""
 
+    async def after_pairs(self, baseline: StartedSide, submission: StartedSide) -> None:
+        """Checks of both live sides once every pair is measured and the submission ran to
+        the end (the real tracks ask the quality set here). Default: none."""
+        return None
+
     async def prepare_checks(self) -> None:
         """Get what the accuracy and integrity checks need, after :meth:`close` stopped the
         measured sides (the real tracks' reference outputs). Default: nothing."""

@@ -35,7 +35,10 @@ on the CPU track, the probe check of :mod:`servegym.scoring.probes`: the referen
 re-scores a blind draw of the submission's answers token by token); accuracy: the agreement
 of each side's outputs with the reference model's on the scoring prompts
 (:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
-least the task's ``accuracy.min_ratio``. A submission whose server dies during the
+least the task's ``accuracy.min_ratio``; and, for a model with trained weights, the quality
+set (:mod:`servegym.tracks.quality`: generated questions with exact answers, asked of both
+live sides after the pairs), the submission's right answers at least
+``accuracy.quality_min_ratio`` of the baseline's. A submission whose server dies during the
 evaluation is ``crashed``; a baseline that does not run is a broken task
 (:class:`~servegym.errors.BrokenTask`).
 """
@@ -76,6 +79,7 @@ from servegym.loadgen.target import RunOptions
 from servegym.sandbox.egress import EgressWatch, descendants
 from servegym.sandbox.local import Isolation, LocalSandbox
 from servegym.sandbox.pinned_env import Unpinned, unpinned
+from servegym.scoring.gates import GateResult
 from servegym.scoring.integrity import Finding, stream_findings
 from servegym.scoring.objectives import ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, workload_spec
@@ -93,6 +97,7 @@ from servegym.tracks.base import (
     register_track,
 )
 from servegym.tracks.dev import DevRun, DevSession, DevWorkloads, DevWorkspace, WallSecondsBudget
+from servegym.tracks.quality import QualityCheck
 from servegym.tracks.real_measure import measure_run, real_objective_problem, real_price
 from servegym.tracks.sandbox import fresh_workspace, seed_workspace, workspace_sandbox
 from servegym.workloads.generate import materialise
@@ -213,6 +218,7 @@ class RealEvaluation(EvaluationSession):
         self.egress: EgressWatch | None = None
         self.egress_task: asyncio.Task[None] | None = None
         self.pinned_found: list[Finding] = []
+        self.quality = QualityCheck.for_task(task)
 
     def _side(
         self, server: ManagedServer, proc: ServerProcess | None, error: str | None
@@ -307,6 +313,17 @@ class RealEvaluation(EvaluationSession):
     async def finish_checks(self) -> None:
         if self.references is not None:
             await self.references.stop()
+
+    # -- the quality set (servegym.tracks.quality): asked of both live sides after the pairs,
+    # -- and part of the accuracy gate beside the agreement with the reference outputs
+
+    async def after_pairs(self, baseline: StartedSide, submission: StartedSide) -> None:
+        for role, side in (("baseline", baseline), ("submission", submission)):
+            if isinstance(side, ServerSide) and side.proc is not None:
+                await self.quality.ask(role, side.proc.spec.base_url, self.model.served_name)
+
+    def accuracy_gate(self, submission: float | None, baseline: float | None) -> GateResult:
+        return self.quality.gate(super().accuracy_gate(submission, baseline))
 
     def accuracy(self, side: StartedSide | None, role: Role) -> float | None:
         if self.reference is None or not isinstance(side, ServerSide) or not side.runs:
