@@ -69,6 +69,9 @@ _SESSION_KEY = "servegym_trial"
 _SESSIONS: dict[str, TrialSession] = {}
 """The trials of the samples running in this process, by sample uuid."""
 
+_REFUSED: dict[str, Exception] = {}
+"""Why a sample's trial did not start (its scorer, which runs on errors, raises it again)."""
+
 _LIMIT_OUTCOMES = {
     "message": "max_turns",
     "turn": "max_turns",
@@ -151,7 +154,11 @@ def open_trial(
             force=force,
             tasks_root=Path(tasks_root) if tasks_root else None,
         )
-        desc = await anyio.to_thread.run_sync(session.start)
+        try:
+            desc = await anyio.to_thread.run_sync(session.start)
+        except Exception as e:
+            _REFUSED[state.uuid] = e  # the scorer, run on errors too, says this again
+            raise
         _SESSIONS[state.uuid] = session
         state.store.set(_SESSION_KEY, state.uuid)
         state.messages = [
@@ -278,6 +285,9 @@ def final_evaluation() -> Scorer:
     """End the agent phase and score the submission in ServeGym's final evaluation."""
 
     async def score(state: TaskState, target: Target) -> Score:
+        refused = _REFUSED.get(state.uuid)
+        if refused is not None:
+            raise refused
         session = _session_of(state.store.get(_SESSION_KEY))
         outcome, cost, error = _agent_phase()
         result = await anyio.to_thread.run_sync(session.finish, outcome, cost, error)
@@ -288,6 +298,7 @@ def final_evaluation() -> Scorer:
 
 async def _cleanup(state: TaskState) -> None:
     """Finish the trial of a sample that ended unscored (its agent's error recorded)."""
+    _REFUSED.pop(state.uuid, None)
     session = _SESSIONS.pop(state.uuid, None)
     if session is None or session.result is not None:
         return
