@@ -31,6 +31,7 @@ from servegym.agents.llm.tools import ToolOutcome, call_tool
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.providers.types import ToolCall
+from servegym.runner.folders import trial_folder
 from servegym.runner.results import TrialResult
 from servegym.runner.trial import run_trial
 
@@ -209,8 +210,7 @@ class TrialSession:
 
     @property
     def folder(self) -> Path:
-        from servegym.runner.folders import trial_folder
-
+        """The trial's folder (named by the task's id once the task is loaded)."""
         task_id = self.description.task_id if self.description is not None else self.task
         return trial_folder(self.out, task_id, self.agent_name, self.seed)
 
