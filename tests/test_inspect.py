@@ -18,6 +18,7 @@ import pytest
 
 from servegym.errors import UserError
 from servegym.integrations.inspect.generate import CATALOG, render_catalog
+from servegym.integrations.inspect.session import TrialSession
 from servegym.reporting.leaderboard import scan_trials
 from servegym.runner.results import read_trial
 from servegym.runner.trial import run_trial
@@ -47,6 +48,40 @@ def test_the_catalog_lists_every_shipped_task_and_is_up_to_date() -> None:
     )
     for task_id in task_ids():
         assert f'@task(name="{task_id}"' in CATALOG.read_text(encoding="utf-8")
+
+
+def test_a_driven_trial_serves_its_calls_then_scores_the_submission(tmp_path: Path) -> None:
+    """The relay under the Inspect tasks, driven directly (no Inspect needed)."""
+    session = TrialSession(str(TINY), 0, tmp_path, "driven")
+    desc = session.start()
+    assert desc.task_id == "tiny-throughput" and desc.tuning == "config"
+    for c in CALLS:
+        outcome = session.call(c["tool"], c["arguments"])
+        assert not outcome.is_error and "budget:" in outcome.content
+    bad = session.call("run_experiment", {"config": {"max_num_seqs": -1}})
+    assert bad.is_error and "max_num_seqs" in bad.content
+    result = session.finish("finished", {"calls": 4})
+    assert result.outcome == "scored" and result.agent_outcome == "finished"
+    assert result.agent_cost == {"calls": 4}
+    assert session.folder == tmp_path / "tiny-throughput__driven__s0"
+    assert session.call("describe_task", {}).content == "error: the agent phase is over"
+    assert session.finish() is result
+    with pytest.raises(UserError, match="finished already"):
+        TrialSession(str(TINY), 0, tmp_path, "driven").start()
+    with pytest.raises(UserError, match="no-such-task"):
+        TrialSession("no-such-task", 0, tmp_path, "driven").start()
+
+
+def test_an_outside_loop_that_raised_is_the_agents_error_and_its_submission_stands(
+    tmp_path: Path,
+) -> None:
+    session = TrialSession(str(TINY), 0, tmp_path, "driven")
+    session.start()
+    session.call("submit", {"config": {"max_num_seqs": 64}})
+    result = session.finish("crashed", None, error="the model provider went away")
+    assert result.outcome == "scored" and result.score is not None
+    assert result.agent_error == "AgentStopped: the model provider went away"
+    assert result.agent_outcome == "crashed"
 
 
 def _outputs(calls: list[dict[str, Any]], final: str = "done") -> list[Any]:
