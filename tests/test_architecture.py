@@ -38,6 +38,8 @@ LAYERS: list[set[str]] = [
     {"runner"},
     # above the runner: leaderboards, reports, the judge, server figures
     {"reporting"},
+    # outside frameworks that drive trials (Inspect AI): above the runner, beside no one
+    {"integrations"},
     # the command line, and `python -m servegym` which starts it
     {"cli", "__main__"},
 ]

@@ -211,6 +211,7 @@ def run_trial(
     tasks_root: Path | None = None,
     agent_options: dict[str, Any] | None = None,
     in_sweep: bool = False,
+    agent: Agent | None = None,
 ) -> TrialResult:
     """Run one trial (or return the finished one, unless ``force``): prepare, the agent
     phase, the final evaluation, the results.
@@ -224,13 +225,17 @@ def run_trial(
     run folder, shared (exclusively when it replaces a result), so it is refused while a
     sweep's driver holds it, and a re-run never changes a result under another running
     trial's watch.
+
+    ``agent``, when given, is the agent already made (an integration that drives the agent
+    from outside, such as the Inspect AI tasks); ``agent_name`` then only names the trial.
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
     check_task_runs(loaded)
     if seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {seed}")
-    agent = make_agent(agent_name, **(agent_options or {}))
+    if agent is None:
+        agent = make_agent(agent_name, **(agent_options or {}))
     final = trial_folder(out_dir, loaded.id, agent_name, seed)
     check_nameable(final)
     if not force:

@@ -75,6 +75,25 @@ def load_prompt(name: str) -> str:
     return resources.files("servegym.agents.llm").joinpath("prompts", name).read_text("utf-8")
 
 
+def system_prompt(desc: TaskDescription) -> str:
+    """The system prompt of a model working the task (its tools depend on the tuning)."""
+    return load_prompt(f"system_{desc.tuning}.md")
+
+
+def opening_message(desc: TaskDescription) -> str:
+    """The first user message a model gets: the instruction, where to start, the objective.
+    Every model agent starts from this text (ServeGym's own loop and the Inspect AI tasks)."""
+    first = (
+        "Start with describe_task."
+        if desc.tuning == "config"
+        else f"Start by reading {LAUNCHER} (describe_task gives the task's details)."
+    )
+    return (
+        f"{desc.instruction}\n\n{first} The objective is {desc.objective} "
+        f"({'higher' if desc.higher_is_better else 'lower'} is better)."
+    )
+
+
 @dataclass
 class Settings:
     max_turns: int = 40
@@ -190,19 +209,8 @@ class LLMAgent(AgentBase):
     async def _run(self, env: TaskEnvironment) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
-        tuning = desc.tuning
-        system = load_prompt(f"system_{tuning}.md")
-        first = (
-            "Start with describe_task."
-            if tuning == "config"
-            else f"Start by reading {LAUNCHER} (describe_task gives the task's details)."
-        )
-        messages: list[Message] = [
-            UserMessage(
-                text=f"{desc.instruction}\n\n{first} The objective is {desc.objective} "
-                f"({'higher' if desc.higher_is_better else 'lower'} is better)."
-            )
-        ]
+        system = system_prompt(desc)
+        messages: list[Message] = [UserMessage(text=opening_message(desc))]
         self.outcome = "max_turns"
         provider = self.make_provider()
         try:
