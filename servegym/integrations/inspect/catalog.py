@@ -85,6 +85,38 @@ def task_goodput_sla_balanced(
     return servegym_task("goodput-sla-balanced", seed, out, agent, force)
 
 
+@task(name="gpu-agentic-concurrent", track="gpu")
+def task_gpu_agentic_concurrent(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Coding-agent turn latency with 16 sessions in flight: Qwen3-8B on one H200 (gpu track)"""
+    return servegym_task("gpu-agentic-concurrent", seed, out, agent, force)
+
+
+@task(name="gpu-goodput-sla-balanced", track="gpu")
+def task_gpu_goodput_sla_balanced(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Goodput at a fixed arrival rate under a latency SLA: Llama-3.1-8B on one H100 (gpu track)"""
+    return servegym_task("gpu-goodput-sla-balanced", seed, out, agent, force)
+
+
+@task(name="gpu-int4-accuracy-trap", track="gpu")
+def task_gpu_int4_accuracy_trap(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Low-batch decode speed on an L40S, with a strict accuracy floor: Qwen3-8B (gpu track)"""
+    return servegym_task("gpu-int4-accuracy-trap", seed, out, agent, force)
+
+
+@task(name="gpu-offline-throughput-balanced", track="gpu")
+def task_gpu_offline_throughput_balanced(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Offline batch throughput: Qwen3-8B on one H200 (gpu track)"""
+    return servegym_task("gpu-offline-throughput-balanced", seed, out, agent, force)
+
+
 @task(name="int4-accuracy-trap", track="sim")
 def task_int4_accuracy_trap(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
