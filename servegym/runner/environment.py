@@ -68,7 +68,7 @@ from servegym.tasks.loader import LoadedTask
 from servegym.tracks import track_for
 from servegym.tracks.base import DevBaseline, Track
 from servegym.tracks.dev import DevRun, DevWorkspace, changed_knobs
-from servegym.tracks.workspace_config import read_workspace_config
+from servegym.agents.workspace_config import read_workspace_config
 from servegym.workloads.summary import summarise
 
 __all__ = ["TrackEnvironment", "changed_knobs"]

@@ -71,7 +71,7 @@ from servegym.tracks.base import (
 from servegym.tracks.dev import DevRun, DevSession
 from servegym.tracks.real import RealDevSession, RealServerTrack, knob_infos
 from servegym.tracks.real_measure import real_price
-from servegym.tracks.workspace_config import write_workspace_config
+from servegym.agents.workspace_config import write_workspace_config
 
 WARMUP_QUESTIONS = 2
 NOT_A_CONFIG = (
