@@ -15,8 +15,8 @@ import pytest
 from servegym.providers.fakes import (
     FakeAnthropic,
     FakeOpenAIResponses,
-    ScriptStep,
     ScriptedToolCall,
+    ScriptStep,
     final_text,
     main,
     tool_call,
