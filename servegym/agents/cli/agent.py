@@ -59,12 +59,14 @@ from servegym.agents.cli.adapters import (
     continuation_prompt,
     first_prompt,
 )
+from servegym.agents.cli.config_folder import ConfigFolderTask
 from servegym.agents.cli.keys import read_api_key
+from servegym.agents.cli.usage import CostMeter
 from servegym.errors import UserError
 from servegym.providers.vendors import normalise_upstream
 
 if TYPE_CHECKING:  # aiohttp and the Docker SDK load when a trial runs, not on registration
-    from servegym.agents.cli.control import ControlServer
+    from servegym.agents.cli.control import ControlledTask, ControlServer
 
 OUTPUT_TAIL_CHARS = 4000
 """A session's output kept in the trajectory (the whole of it is in its log file)."""
@@ -162,11 +164,10 @@ class DockerSessions:
         try:
             self.runner.client().images.get(image)
         except docker.errors.ImageNotFound:
-            folder = resources.files("servegym.agents.cli").joinpath("image")
             raise UserError(
                 f"image '{image}' is not on this Docker engine: build it with "
-                f"`docker build -t {DEFAULT_IMAGE} {folder}` (the four CLIs and python3), "
-                "or name another with the agent setting image"
+                "`servegym setup images cli-agents` (the four CLIs and python3; see "
+                "sandbox/README.md), or name another with the agent setting image"
             ) from None
         except docker.errors.APIError as e:
             raise UserError(f"docker could not look up image '{image}': {e}") from None
@@ -283,6 +284,7 @@ class CliAgent(AgentBase):
         self.error: str | None = None
         self.sessions_run = 0
         self.control_calls = 0
+        self.meter = CostMeter(self.model)
         self._trajectory: IO[str] | None = None
         self._write_lock = threading.Lock()
         self._t0 = time.monotonic()
@@ -314,17 +316,21 @@ class CliAgent(AgentBase):
     def trial_outcome(self) -> str | None:
         return self.outcome
 
+    def trial_cost(self) -> dict[str, Any] | None:
+        """The model calls the proxy passed: calls, tokens, dollars (see
+        :mod:`servegym.agents.cli.usage`)."""
+        return self.meter.summary()
+
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
         ws_env = env.workspace_environment()
-        if ws_env is None:
+        if ws_env is None and desc.tuning != "config":
             self.outcome = "wrong_track"
             raise UserError(
-                f"--agent {self.name}: CLI agents need a real track's workspace (a cpu or gpu "
-                f"task); task {desc.task_id} is on the {desc.track} track"
+                f"--agent {self.name}: task {desc.task_id} has neither a workspace nor a "
+                "config to tune"
             )
-        workspace_dir = workspace_host_dir(ws_env)
         sessions = self._sessions if self._sessions is not None else DockerSessions()
         problem = sessions.available()
         if problem is not None:
@@ -347,6 +353,12 @@ class CliAgent(AgentBase):
             self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
             self._trajectory = self.trajectory_path.open("a", encoding="utf-8")
         try:
+            task: ControlledTask
+            if ws_env is not None:
+                task, workspace_dir = ws_env, workspace_host_dir(ws_env)
+            else:  # a sim task: its serving.toml in a folder of the trial's
+                folder = ConfigFolderTask(env, work / "workspace")
+                task, workspace_dir = folder, folder.root
             bin_dir, home_dir = self._prepare(work)
             with BackgroundLoop() as loop:
                 proxy = KeyProxy(
@@ -355,8 +367,9 @@ class CliAgent(AgentBase):
                     upstream=self.settings.base_url,
                     client_token=f"servegym-proxy-{secrets.token_urlsafe(24)}",
                     host=bind_host,
+                    meter=self.meter,
                 )
-                control = ControlServer(ws_env, host=bind_host, on_call=self._on_call)
+                control = ControlServer(task, host=bind_host, on_call=self._on_call)
                 loop.run(proxy.start())
                 try:
                     loop.run(control.start())
@@ -374,7 +387,7 @@ class CliAgent(AgentBase):
                     self._log(
                         "start", agent=self.name, image=setup.image, proxy_upstream=proxy.upstream
                     )
-                    self._work(ws_env, desc, setup, sessions, control, work)
+                    self._work(task, ws_env, desc, setup, sessions, control, work)
                 finally:
                     with contextlib.suppress(Exception):
                         loop.run(control.close())
@@ -386,6 +399,7 @@ class CliAgent(AgentBase):
                         sessions=self.sessions_run,
                         proxy_requests=proxy.requests,
                         proxy_refused=proxy.refused,
+                        cost=self.meter.summary(),
                     )
         finally:
             if self._trajectory is not None:
@@ -414,7 +428,8 @@ class CliAgent(AgentBase):
 
     def _work(
         self,
-        env: WorkspaceEnvironment,
+        env: ControlledTask,
+        charged: WorkspaceEnvironment | None,
         desc: TaskDescription,
         setup: SessionSetup,
         sessions: SessionRunner,
@@ -437,10 +452,15 @@ class CliAgent(AgentBase):
             kwargs = self.adapter.container_kwargs(named, prompt)
             calls_before = control.calls
             spent_since: list[float] = []
-            meter = SessionMeter(env, lambda: control.busy)
+            # A real track charges the session's own wall time; the simulator's budget is
+            # simulated GPU time, charged by the experiments alone.
+            meter = SessionMeter(charged, lambda: control.busy) if charged is not None else None
 
-            def stop(spent_since: list[float] = spent_since, meter: SessionMeter = meter) -> bool:
-                meter.tick()
+            def stop(
+                spent_since: list[float] = spent_since, meter: SessionMeter | None = meter
+            ) -> bool:
+                if meter is not None:
+                    meter.tick()
                 if not env.budget_left().exhausted:
                     return False
                 if not spent_since:
@@ -451,7 +471,8 @@ class CliAgent(AgentBase):
             result = sessions.run(
                 kwargs, self.settings.session_timeout_s, work / f"session-{index}.log", stop
             )
-            meter.tick(final=True)
+            if meter is not None:
+                meter.tick(final=True)
             self.sessions_run += 1
             calls = control.calls - calls_before
             self._log(
