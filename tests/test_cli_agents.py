@@ -24,6 +24,7 @@ import docker.errors as docker_errors
 import openai
 import pytest
 from aiohttp import web
+from test_sandbox_docker import binds
 
 from servegym.agents.base import (
     BudgetExhausted,
@@ -49,7 +50,13 @@ from servegym.agents.cli.adapters import (
     first_prompt,
     opencode_provider,
 )
-from servegym.agents.cli.agent import CliAgent, DockerSessions, SessionResult, make_cli_agent
+from servegym.agents.cli.agent import (
+    CliAgent,
+    DockerSessions,
+    SessionResult,
+    bridge_gateway,
+    make_cli_agent,
+)
 from servegym.agents.cli.background import BackgroundLoop
 from servegym.agents.cli.control import LOG_TAIL_CHARS, ControlServer
 from servegym.agents.cli.proxy import KeyProxy, read_api_key
@@ -271,9 +278,9 @@ def test_container_holds_no_api_key(
     assert kwargs["network_mode"] == "bridge"
     assert kwargs["user"] == "1000:1000" and kwargs["working_dir"] == WORKSPACE
     assert kwargs["entrypoint"] == ENTRYPOINT and CONTAINER_BIN in ENTRYPOINT[2]
-    assert kwargs["command"] == agent.adapter.command(prompt)
+    assert kwargs["command"] == agent.adapter.command(prompt, setup.proxy_url)
     # The workspace read-write, the command read-only, a fresh home: nothing else.
-    assert kwargs["volumes"] == {
+    assert binds(kwargs) == {
         str(tmp_path / "ws"): {"bind": WORKSPACE, "mode": "rw"},
         str(tmp_path / "bin"): {"bind": CONTAINER_BIN, "mode": "ro"},
         str(tmp_path / "home"): {"bind": CONTAINER_HOME, "mode": "rw"},
@@ -615,7 +622,7 @@ class ProcessSessions:
         self, kwargs: dict[str, Any], timeout_s: float, log_path: Path, stop: Callable[[], bool]
     ) -> SessionResult:
         self.kwargs.append(kwargs)
-        bin_dir = next(h for h, m in kwargs["volumes"].items() if m["bind"] == CONTAINER_BIN)
+        bin_dir = next(h for h, m in binds(kwargs).items() if m["bind"] == CONTAINER_BIN)
         env = {**kwargs["environment"], "PATH": os.environ.get("PATH", "")}
         output = []
         for args in self.script(self.index):
@@ -684,7 +691,7 @@ class EditingSessions(ProcessSessions):
     def run(
         self, kwargs: dict[str, Any], timeout_s: float, log_path: Path, stop: Callable[[], bool]
     ) -> SessionResult:
-        ws = next(h for h, m in kwargs["volumes"].items() if m["bind"] == "/workspace")
+        ws = next(h for h, m in binds(kwargs).items() if m["bind"] == "/workspace")
         config = Path(ws) / "serving.toml"
         self.first_text = getattr(self, "first_text", config.read_text())
         if self.index < len(self.edits):
@@ -822,11 +829,21 @@ def test_docker_sessions_run_a_container_to_its_end(
 def test_docker_sessions_image_and_addresses() -> None:
     sessions = DockerSessions(FakeDockerRunner(FakeContainer(1)))
     sessions.ensure_image("servegym/cli-agents")
-    with pytest.raises(UserError, match="docker build -t servegym/cli-agents"):
+    with pytest.raises(UserError, match="servegym setup images cli-agents"):
         sessions.ensure_image("nope/missing")
     assert sessions.addresses() == ("127.0.0.1", "127.0.0.1")  # the gateway is ours
     far = DockerSessions(FakeDockerRunner(FakeContainer(1), gateway="203.0.113.7"))
     assert far.addresses() == ("127.0.0.1", "host.docker.internal")  # Docker Desktop
+
+
+def test_bridge_gateway_named_or_the_subnets_first_address() -> None:
+    """Debian's docker.io names no gateway for the default bridge: it is the subnet's first
+    address (without this, a CLI was pointed at host.docker.internal, which Linux lacks)."""
+    assert bridge_gateway([{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}]) == "172.17.0.1"
+    assert bridge_gateway([{"Subnet": "172.17.0.0/16"}]) == "172.17.0.1"
+    assert bridge_gateway([{"Subnet": "fd00::/64"}, {"Subnet": "10.9.0.0/24"}]) == "10.9.0.1"
+    assert bridge_gateway([{"Subnet": "nonsense"}]) is None
+    assert bridge_gateway([]) is None
 
 
 def _docker_reachable() -> bool:

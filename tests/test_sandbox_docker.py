@@ -32,6 +32,17 @@ SANDBOX = Path(__file__).resolve().parents[1] / "sandbox"
 # -- container_kwargs: the exact arguments of containers.run --------------------------------
 
 
+def binds(kwargs: dict[str, object]) -> dict[str, dict[str, str]]:
+    """The bind mounts of ``containers.create`` kwargs: host -> {bind, mode}."""
+    mounts = kwargs["mounts"]
+    assert isinstance(mounts, list)
+    for m in mounts:
+        assert isinstance(m, docker.types.Mount) and m["Type"] == "bind"
+    return {
+        m["Source"]: {"bind": m["Target"], "mode": "ro" if m["ReadOnly"] else "rw"} for m in mounts
+    }
+
+
 def test_defaults_no_network_no_gpu_label_and_sigterm() -> None:
     kw = container_kwargs(ContainerSpec(image="servegym/vllm-cpu", command=["--model", "m"]))
     assert kw["image"] == "servegym/vllm-cpu"
@@ -41,7 +52,7 @@ def test_defaults_no_network_no_gpu_label_and_sigterm() -> None:
     assert kw["auto_remove"] is False
     assert kw["stop_signal"] == "SIGTERM"
     assert kw["labels"] == {"servegym": "1"}
-    assert kw["volumes"] == {}
+    assert binds(kw) == {}
     for absent in ("device_requests", "ports", "mem_limit", "nano_cpus", "shm_size", "name"):
         assert absent not in kw
 
@@ -90,7 +101,7 @@ def test_model_dir_mounted_read_only_under_models(tmp_path: Path) -> None:
     model = tmp_path / "Qwen2.5-0.5B"
     spec = ContainerSpec(image="x", model_dir=model)
     assert spec.container_model_path == "/models/Qwen2.5-0.5B"
-    assert container_kwargs(spec)["volumes"] == {
+    assert binds(container_kwargs(spec)) == {
         str(model): {"bind": "/models/Qwen2.5-0.5B", "mode": "ro"}
     }
 
@@ -98,7 +109,7 @@ def test_model_dir_mounted_read_only_under_models(tmp_path: Path) -> None:
 def test_relative_model_dir_is_made_absolute() -> None:
     # Docker takes a relative source for the name of a volume, not a folder.
     spec = ContainerSpec(image="x", model_dir=Path("models/tiny"))
-    (source,) = container_kwargs(spec)["volumes"]  # type: ignore[misc]
+    (source,) = binds(container_kwargs(spec))  # type: ignore[misc]
     assert Path(source).is_absolute()
     assert spec.container_model_path == "/models/tiny"
 
@@ -112,7 +123,7 @@ def test_workspace_rw_and_extra_mounts(tmp_path: Path) -> None:
             Mount(host=tmp_path / "out", container="/out/", read_only=False),
         ],
     )
-    assert container_kwargs(spec)["volumes"] == {
+    assert binds(container_kwargs(spec)) == {
         str(tmp_path / "ws"): {"bind": "/workspace", "mode": "rw"},
         str(tmp_path / "ref"): {"bind": "/ref", "mode": "ro"},
         str(tmp_path / "out"): {"bind": "/out", "mode": "rw"},
@@ -202,7 +213,9 @@ def test_kwargs_are_accepted_by_the_sdk_create_arguments() -> None:
     args = _create_container_args({**kw, "version": "1.43"})
     host_config = args["host_config"]
     assert host_config["NetworkMode"] == "bridge"
-    assert host_config["Binds"] == ["/srv/models/m:/models/m:ro"]
+    assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in host_config["Mounts"]] == [
+        ("/srv/models/m", "/models/m", True)
+    ]
     assert host_config["Memory"] == 1024**3
     assert host_config["NanoCpus"] == 1_000_000_000
     assert host_config["Init"] is True

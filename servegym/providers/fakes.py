@@ -339,8 +339,16 @@ class FakeServer:
                 f"fake {self.api} server: the script is exhausted after {len(self.script)} step(s)",
             )
         index = self.steps_served
-        self.steps_served += 1
         step = self.script[index]
+        offered = self.tool_names(record.body)
+        unknown = [c.name for c in step.tool_calls if c.name not in offered]
+        if record.body.get("tools") and unknown:
+            return self._error(
+                400,
+                f"fake {self.api} server: script step {index} calls tool '{unknown[0]}', which "
+                f"the request does not offer (it offers: {', '.join(sorted(offered))})",
+            )
+        self.steps_served += 1
         return await self._reply(request, step, index, record.body, len(text))
 
     async def _reply(
@@ -364,6 +372,10 @@ class FakeServer:
             await response.write_eof()
             return response
         return web.json_response(self.render(step, index, body, request_bytes))
+
+    def tool_names(self, body: dict[str, Any]) -> set[str]:
+        """The names of the tools a request offers."""
+        return {str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
 
     def is_side_request(self, body: dict[str, Any]) -> bool:
         """A request beside the agent loop (see :attr:`side_requests`): it offers no tools."""
@@ -642,6 +654,13 @@ class FakeOpenAI(FakeServer):
     endpoint = "/v1/chat/completions"
     base_path = "/v1"
 
+    def tool_names(self, body: dict[str, Any]) -> set[str]:
+        return {
+            str((t.get("function") or {}).get("name"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+        }
+
     def _other_route(self, request: web.Request) -> web.StreamResponse | None:
         if request.method == "GET" and request.path == "/v1/models":
             return web.json_response(
@@ -789,7 +808,12 @@ class FakeOpenAIResponses(FakeOpenAI):
         return None
 
     def tool_names(self, body: dict[str, Any]) -> set[str]:
-        return {str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
+        """Function and custom tools by name, built-in ones (``local_shell``) by type."""
+        return {
+            str(t.get("name") or t.get("type"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+        }
 
     def _items(self, step: ScriptStep, index: int) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []

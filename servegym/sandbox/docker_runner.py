@@ -186,10 +186,12 @@ def container_kwargs(spec: ContainerSpec) -> dict[str, object]:
         "labels": {**spec.labels, LABEL: LABEL_VALUE},
         "network_mode": spec.network,
         "stop_signal": "SIGTERM",
-        "volumes": {
-            str(m.host): {"bind": m.container, "mode": "ro" if m.read_only else "rw"}
+        # Mounts, not "volumes": a volume is written HOST:CONTAINER:MODE, which a host path
+        # with a colon in it (a trial folder named after "claude-code:MODEL") breaks.
+        "mounts": [
+            docker.types.Mount(m.container, str(m.host), type="bind", read_only=m.read_only)
             for m in spec.all_mounts()
-        },
+        ],
     }
     if spec.entrypoint is not None:
         kwargs["entrypoint"] = list(spec.entrypoint)

@@ -26,6 +26,7 @@ opencode, ``provider``.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -132,6 +133,21 @@ def _bindable(host: str) -> bool:
     return True
 
 
+def bridge_gateway(configs: list[dict[str, Any]]) -> str | None:
+    """The IPv4 gateway of a Docker network's IPAM configs: the one named, else the first
+    address of the subnet (what the engine gives its bridge when it names none)."""
+    for config in configs:
+        gateway = config.get("Gateway")
+        if gateway and ":" not in gateway:
+            return str(gateway)
+    for config in configs:
+        with contextlib.suppress(ValueError, StopIteration):
+            net = ipaddress.ip_network(str(config.get("Subnet")), strict=False)
+            if net.version == 4:
+                return str(next(net.hosts()))
+    return None
+
+
 def _tail(path: Path, chars: int = OUTPUT_TAIL_CHARS) -> str:
     try:
         with path.open("rb") as f:
@@ -175,15 +191,12 @@ class DockerSessions:
     def addresses(self) -> tuple[str, str]:
         """The default bridge's gateway (this host as containers see it) when it is an
         address of this machine (Linux); else loopback, reached as host.docker.internal
-        (Docker Desktop)."""
+        (Docker Desktop). An engine that names no gateway (Debian's docker.io) gives its
+        bridge the subnet's first address."""
         gateway = None
         with contextlib.suppress(Exception):
             network = self.runner.client().networks.get("bridge")
-            for config in (network.attrs.get("IPAM") or {}).get("Config") or []:
-                candidate = config.get("Gateway")
-                if candidate and ":" not in candidate:
-                    gateway = candidate
-                    break
+            gateway = bridge_gateway((network.attrs.get("IPAM") or {}).get("Config") or [])
         if gateway and _bindable(gateway):
             return gateway, gateway
         return "127.0.0.1", "host.docker.internal"
