@@ -32,12 +32,14 @@ from servegym.providers.vendors import Vendor
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 """A JSON answer larger than this is not parsed for its usage (none is that large)."""
-BILLED_SUFFIXES = ("/messages", "/responses", "/chat/completions", "generateContent")
+BILLED_SUFFIXES = ("/messages", "/responses", "/chat/completions", "generatecontent")
 """The paths of the calls a provider bills (``count_tokens`` and model lists are free)."""
 
 
 def billed(path: str) -> bool:
-    return path.rstrip("/").endswith(BILLED_SUFFIXES)
+    """Whether a call to ``path`` is billed (Gemini's ``:generateContent`` and
+    ``:streamGenerateContent`` alike)."""
+    return path.rstrip("/").lower().endswith(BILLED_SUFFIXES)
 
 
 def _int(value: Any) -> int:
