@@ -1,12 +1,13 @@
-"""CLI agents on the real tracks: Claude Code, Codex CLI, Gemini CLI and OpenCode in Docker.
+"""CLI agents: Claude Code, Codex CLI, Gemini CLI and OpenCode in Docker, on every track.
 
 ``--agent claude-code:MODEL``, ``codex:MODEL``, ``gemini-cli:MODEL``, ``opencode:PROVIDER/MODEL``.
 The CLI runs in a container of its own (:mod:`servegym.agents.cli.adapters`) with the task's
-workspace at ``/workspace``, and acts on the task through ``servegym-agent``
+workspace at ``/workspace`` (a sim task's: a folder holding its ``serving.toml``,
+:mod:`servegym.agents.cli.config_folder`), and acts on the task through ``servegym-agent``
 (``benchmark [--quick]``, ``submit``, ``budget``), which calls the trial's control server
 (:mod:`servegym.agents.cli.control`). It reaches its model through a proxy on the harness
 side that adds the API key (:mod:`servegym.agents.cli.proxy`): the key never enters the
-sandbox.
+sandbox; the proxy counts each call's tokens and dollars, the trial's ``agent_cost``.
 
 A trial runs sessions, one container each: the first on the instruction, each later one on a
 continuation prompt saying how many minutes of budget remain, until the budget is spent
