@@ -853,6 +853,7 @@ def _docker_reachable() -> bool:
         return False
 
 
+@pytest.mark.docker
 @pytest.mark.skipif(
     not (_docker_reachable() and os.environ.get("ANTHROPIC_API_KEY")),
     reason="needs Docker and network to run a CLI agent",
