@@ -101,6 +101,7 @@ def test_claude_code_runs_a_sim_trial_through_the_proxy(
             },
         ),
         tool_call("Bash", {"command": "servegym-agent submit", "description": "submit"}),
+        tool_call("Bash", {"command": "env | sort", "description": "the environment"}),
         final_text("Submitted max_num_seqs = 64."),
     ]
     fake = serve(loop, FakeAnthropic(script, side_requests=True))
@@ -118,8 +119,13 @@ def test_claude_code_runs_a_sim_trial_through_the_proxy(
     records = check_trial(folder, result, fake)
     session = next(r for r in records if r["kind"] == "session")
     assert session["exit_code"] == 0
-    assert "servegym-agent submit" in session["output_tail"]  # the CLI's own stream-json
     assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    # The CLI's own stream-json shows its tool calls, and the container's environment dumped:
+    # the proxy's per-trial token (which spends nothing once the trial ends), never the key.
+    env_dump = (folder / "cli-agent" / "session-0.log").read_text()
+    assert "servegym-agent submit" in env_dump and '"name":"Bash"' in env_dump
+    assert "ANTHROPIC_API_KEY=servegym-proxy-" in env_dump
+    assert HARNESS_KEY not in env_dump
 
 
 def test_codex_runs_a_sim_trial_through_the_proxy(
