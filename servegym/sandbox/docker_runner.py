@@ -297,6 +297,7 @@ class RunningContainer:
             raise RuntimeError(f"logs of container {self.id[:12]} are already being streamed")
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()  # there when this returns, before the thread's first write
         # Opened here, so that an engine error surfaces in the caller; read in the thread.
         options: dict[str, Any] = {"stdout": True, "stderr": True, "stream": True, "follow": True}
         if self._log_api is not None:
