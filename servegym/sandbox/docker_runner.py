@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import re
+import socket
 import threading
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -35,6 +36,10 @@ from servegym.sandbox.registry import register_sandbox
 LABEL = "servegym"
 """Every container the runner starts carries ``LABEL=LABEL_VALUE``."""
 LABEL_VALUE = "1"
+OWNER_LABEL = "servegym.owner"
+"""``HOST:PID`` of the process that started the container: a container whose owner is gone
+(a harness killed with SIGKILL can remove nothing) is an orphan,
+:meth:`DockerRunner.cleanup_orphans` removes it."""
 MODELS_ROOT = "/models"
 """The model folder is mounted read-only at ``MODELS_ROOT/<folder name>``."""
 WORKSPACE = "/workspace"
@@ -183,13 +188,15 @@ def container_kwargs(spec: ContainerSpec) -> dict[str, object]:
         "auto_remove": False,
         "init": True,  # a tiny init as PID 1: forwards SIGTERM to the server, reaps children
         "environment": dict(spec.env),
-        "labels": {**spec.labels, LABEL: LABEL_VALUE},
+        "labels": {**spec.labels, LABEL: LABEL_VALUE, OWNER_LABEL: owner()},
         "network_mode": spec.network,
         "stop_signal": "SIGTERM",
-        "volumes": {
-            str(m.host): {"bind": m.container, "mode": "ro" if m.read_only else "rw"}
+        # Mounts, not "volumes": a volume is written HOST:CONTAINER:MODE, which a host path
+        # with a colon in it (a trial folder named after "claude-code:MODEL") breaks.
+        "mounts": [
+            docker.types.Mount(m.container, str(m.host), type="bind", read_only=m.read_only)
             for m in spec.all_mounts()
-        },
+        ],
     }
     if spec.entrypoint is not None:
         kwargs["entrypoint"] = list(spec.entrypoint)
@@ -211,6 +218,25 @@ def container_kwargs(spec: ContainerSpec) -> dict[str, object]:
     if spec.shm_size is not None:
         kwargs["shm_size"] = spec.shm_size
     return kwargs
+
+
+def owner() -> str:
+    """This process as a container's owner: ``HOST:PID``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(value: str) -> bool:
+    """Whether the owner ``HOST:PID`` is alive: True for another host's (not ours to judge)."""
+    host, _, pid = value.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 class ExitStatus(BaseModel):
@@ -271,6 +297,7 @@ class RunningContainer:
             raise RuntimeError(f"logs of container {self.id[:12]} are already being streamed")
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()  # there when this returns, before the thread's first write
         # Opened here, so that an engine error surfaces in the caller; read in the thread.
         options: dict[str, Any] = {"stdout": True, "stderr": True, "stream": True, "follow": True}
         if self._log_api is not None:
@@ -395,6 +422,8 @@ class DockerRunner:
     def start(self, spec: ContainerSpec) -> RunningContainer:
         """Create and start the container; a :class:`UserError` for what the user can fix."""
         client = self.client()
+        with contextlib.suppress(UserError):
+            self.cleanup_orphans()
         for mount in spec.all_mounts():
             # Docker would silently create a missing host folder, empty and owned by root.
             if not mount.host.exists():
@@ -463,6 +492,25 @@ class DockerRunner:
                 f"installed and the engine restarted?): {text}"
             )
         return f"docker could not start '{spec.image}': {text}"
+
+    def cleanup_orphans(self) -> list[str]:
+        """Remove the containers of this host's ServeGym processes that are gone (killed
+        before they could stop their containers); their names. Those of live processes, and
+        of other hosts, stay."""
+        client = self.client()
+        removed: list[str] = []
+        try:
+            found = client.containers.list(all=True, filters={"label": f"{LABEL}={LABEL_VALUE}"})
+        except _ENGINE_ERRORS as err:
+            raise UserError(self._unreachable(err)) from err
+        for container in found:
+            value = (getattr(container, "labels", None) or {}).get(OWNER_LABEL, "")
+            if not value or owner_alive(value):
+                continue
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                container.remove(force=True, v=True)
+                removed.append(str(container.name))
+        return removed
 
     def cleanup_leftovers(self) -> list[str]:
         """Remove every container labelled ``servegym=1``, running or not; their names."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.agents.base import CONFIG_FILE
+from servegym.agents.workspace_config import write_workspace_config
 from servegym.engines.base import Engine, ModelRef
 from servegym.engines.config import ServingConfig
 from servegym.engines.knob_info import KnobInfo
@@ -71,7 +72,6 @@ from servegym.tracks.base import (
 from servegym.tracks.dev import DevRun, DevSession
 from servegym.tracks.real import RealDevSession, RealServerTrack, knob_infos
 from servegym.tracks.real_measure import real_price
-from servegym.tracks.workspace_config import write_workspace_config
 
 WARMUP_QUESTIONS = 2
 NOT_A_CONFIG = (

@@ -18,8 +18,10 @@ claude-code    ``claude -p PROMPT --output-format stream-json --verbose [--model
                --dangerously-skip-permissions`` (``ANTHROPIC_BASE_URL``,
                ``ANTHROPIC_API_KEY``; ``IS_SANDBOX=1`` lets the flag run as root)
 codex          ``codex exec --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check
-               --json [--model M] PROMPT`` (``OPENAI_BASE_URL`` with ``/v1``,
-               ``OPENAI_API_KEY`` and ``CODEX_API_KEY``; the container is the sandbox)
+               --json -c model_provider=servegym -c model_providers.servegym={...}
+               [--model M] PROMPT`` (the proxy as a Responses-API provider without
+               WebSockets; ``OPENAI_API_KEY`` and ``CODEX_API_KEY``; the container is the
+               sandbox)
 gemini-cli     ``gemini -p PROMPT [--model M] --yolo`` (``GOOGLE_GEMINI_BASE_URL``,
                ``GEMINI_API_KEY``)
 opencode       ``opencode run --model PROVIDER/M PROMPT`` (``OPENCODE_CONFIG_CONTENT``: the
@@ -122,8 +124,9 @@ class CliAdapter:
         """The model as the agent's name spells it (``claude-code:LABEL``)."""
         return self.model
 
-    def command(self, prompt: str) -> list[str]:
-        """The CLI's argv for one non-interactive session on ``prompt``."""
+    def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
+        """The CLI's argv for one non-interactive session on ``prompt`` (``proxy_url``: the
+        key proxy, for a CLI told of its provider on the command line)."""
         raise NotImplementedError
 
     def provider_env(self, proxy_url: str, credential: str) -> dict[str, str]:
@@ -148,7 +151,7 @@ class CliAdapter:
         return ContainerSpec(
             image=setup.image,
             entrypoint=list(ENTRYPOINT),
-            command=self.command(prompt),
+            command=self.command(prompt, setup.proxy_url.rstrip("/")),
             env=self.environment(setup),
             name=setup.name,
             network="bridge",  # the proxy and the control server are on the host
@@ -178,7 +181,7 @@ class ClaudeCodeAdapter(CliAdapter):
     executable = "claude"
     provider: Vendor = "anthropic"
 
-    def command(self, prompt: str) -> list[str]:
+    def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
         argv = ["claude", "-p", prompt, "--output-format", "stream-json", "--verbose"]
         if self.model:
             argv += ["--model", self.model]
@@ -201,7 +204,7 @@ class CodexAdapter(CliAdapter):
     executable = "codex"
     provider: Vendor = "openai"
 
-    def command(self, prompt: str) -> list[str]:
+    def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
         argv = [
             "codex",
             "exec",
@@ -209,9 +212,22 @@ class CodexAdapter(CliAdapter):
             "--skip-git-repo-check",
             "--json",
         ]
+        if proxy_url is not None:
+            argv += self.provider_args(proxy_url)
         if self.model:
             argv += ["--model", self.model]
         return [*argv, prompt]
+
+    @staticmethod
+    def provider_args(proxy_url: str) -> list[str]:
+        """Codex's provider, as ``-c`` overrides: the proxy, over HTTP only. Codex (0.171)
+        reads no ``OPENAI_BASE_URL`` and would try a WebSocket first, which the proxy does
+        not carry."""
+        provider = (
+            f'{{name="ServeGym key proxy", base_url="{proxy_url}/v1", env_key="OPENAI_API_KEY", '
+            'wire_api="responses", supports_websockets=false}'
+        )
+        return ["-c", 'model_provider="servegym"', "-c", f"model_providers.servegym={provider}"]
 
     def provider_env(self, proxy_url: str, credential: str) -> dict[str, str]:
         return {
@@ -228,7 +244,7 @@ class GeminiCliAdapter(CliAdapter):
     executable = "gemini"
     provider: Vendor = "gemini"
 
-    def command(self, prompt: str) -> list[str]:
+    def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
         argv = ["gemini", "-p", prompt]
         if self.model:
             argv += ["--model", self.model]
@@ -290,7 +306,7 @@ class OpenCodeAdapter(CliAdapter):
     def label(self) -> str | None:
         return f"{self.opencode_provider}/{self.model}"
 
-    def command(self, prompt: str) -> list[str]:
+    def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
         return ["opencode", "run", "--model", f"{self.label}", prompt]
 
     def config(self, proxy_url: str, credential: str) -> dict[str, Any]:

@@ -1,12 +1,13 @@
-"""CLI agents on the real tracks: Claude Code, Codex CLI, Gemini CLI and OpenCode in Docker.
+"""CLI agents: Claude Code, Codex CLI, Gemini CLI and OpenCode in Docker, on every track.
 
 ``--agent claude-code:MODEL``, ``codex:MODEL``, ``gemini-cli:MODEL``, ``opencode:PROVIDER/MODEL``.
 The CLI runs in a container of its own (:mod:`servegym.agents.cli.adapters`) with the task's
-workspace at ``/workspace``, and acts on the task through ``servegym-agent``
+workspace at ``/workspace`` (a sim task's: a folder holding its ``serving.toml``,
+:mod:`servegym.agents.cli.config_folder`), and acts on the task through ``servegym-agent``
 (``benchmark [--quick]``, ``submit``, ``budget``), which calls the trial's control server
 (:mod:`servegym.agents.cli.control`). It reaches its model through a proxy on the harness
 side that adds the API key (:mod:`servegym.agents.cli.proxy`): the key never enters the
-sandbox.
+sandbox; the proxy counts each call's tokens and dollars, the trial's ``agent_cost``.
 
 A trial runs sessions, one container each: the first on the instruction, each later one on a
 continuation prompt saying how many minutes of budget remain, until the budget is spent
@@ -26,6 +27,7 @@ opencode, ``provider``.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -59,12 +61,14 @@ from servegym.agents.cli.adapters import (
     continuation_prompt,
     first_prompt,
 )
+from servegym.agents.cli.config_folder import ConfigFolderTask
 from servegym.agents.cli.keys import read_api_key
+from servegym.agents.cli.usage import CostMeter
 from servegym.errors import UserError
 from servegym.providers.vendors import normalise_upstream
 
 if TYPE_CHECKING:  # aiohttp and the Docker SDK load when a trial runs, not on registration
-    from servegym.agents.cli.control import ControlServer
+    from servegym.agents.cli.control import ControlledTask, ControlServer
 
 OUTPUT_TAIL_CHARS = 4000
 """A session's output kept in the trajectory (the whole of it is in its log file)."""
@@ -130,6 +134,21 @@ def _bindable(host: str) -> bool:
     return True
 
 
+def bridge_gateway(configs: list[dict[str, Any]]) -> str | None:
+    """The IPv4 gateway of a Docker network's IPAM configs: the one named, else the first
+    address of the subnet (what the engine gives its bridge when it names none)."""
+    for config in configs:
+        gateway = config.get("Gateway")
+        if gateway and ":" not in gateway:
+            return str(gateway)
+    for config in configs:
+        with contextlib.suppress(ValueError, StopIteration):
+            net = ipaddress.ip_network(str(config.get("Subnet")), strict=False)
+            if net.version == 4:
+                return str(next(net.hosts()))
+    return None
+
+
 def _tail(path: Path, chars: int = OUTPUT_TAIL_CHARS) -> str:
     try:
         with path.open("rb") as f:
@@ -154,6 +173,9 @@ class DockerSessions:
 
     def available(self) -> str | None:
         problem: str | None = self.runner.available()
+        if problem is None:  # sessions of a harness killed outright are removed here
+            with contextlib.suppress(Exception):
+                self.runner.cleanup_orphans()
         return problem
 
     def ensure_image(self, image: str) -> None:
@@ -162,11 +184,10 @@ class DockerSessions:
         try:
             self.runner.client().images.get(image)
         except docker.errors.ImageNotFound:
-            folder = resources.files("servegym.agents.cli").joinpath("image")
             raise UserError(
                 f"image '{image}' is not on this Docker engine: build it with "
-                f"`docker build -t {DEFAULT_IMAGE} {folder}` (the four CLIs and python3), "
-                "or name another with the agent setting image"
+                "`servegym setup images cli-agents` (the four CLIs and python3; see "
+                "sandbox/README.md), or name another with the agent setting image"
             ) from None
         except docker.errors.APIError as e:
             raise UserError(f"docker could not look up image '{image}': {e}") from None
@@ -174,15 +195,12 @@ class DockerSessions:
     def addresses(self) -> tuple[str, str]:
         """The default bridge's gateway (this host as containers see it) when it is an
         address of this machine (Linux); else loopback, reached as host.docker.internal
-        (Docker Desktop)."""
+        (Docker Desktop). An engine that names no gateway (Debian's docker.io) gives its
+        bridge the subnet's first address."""
         gateway = None
         with contextlib.suppress(Exception):
             network = self.runner.client().networks.get("bridge")
-            for config in (network.attrs.get("IPAM") or {}).get("Config") or []:
-                candidate = config.get("Gateway")
-                if candidate and ":" not in candidate:
-                    gateway = candidate
-                    break
+            gateway = bridge_gateway((network.attrs.get("IPAM") or {}).get("Config") or [])
         if gateway and _bindable(gateway):
             return gateway, gateway
         return "127.0.0.1", "host.docker.internal"
@@ -283,6 +301,7 @@ class CliAgent(AgentBase):
         self.error: str | None = None
         self.sessions_run = 0
         self.control_calls = 0
+        self.meter = CostMeter(self.model)
         self._trajectory: IO[str] | None = None
         self._write_lock = threading.Lock()
         self._t0 = time.monotonic()
@@ -314,17 +333,21 @@ class CliAgent(AgentBase):
     def trial_outcome(self) -> str | None:
         return self.outcome
 
+    def trial_cost(self) -> dict[str, Any] | None:
+        """The model calls the proxy passed: calls, tokens, dollars (see
+        :mod:`servegym.agents.cli.usage`)."""
+        return self.meter.summary()
+
     def run(self, env: TaskEnvironment, seed: int) -> None:
         self._t0 = time.monotonic()
         desc = env.describe()
         ws_env = env.workspace_environment()
-        if ws_env is None:
+        if ws_env is None and desc.tuning != "config":
             self.outcome = "wrong_track"
             raise UserError(
-                f"--agent {self.name}: CLI agents need a real track's workspace (a cpu or gpu "
-                f"task); task {desc.task_id} is on the {desc.track} track"
+                f"--agent {self.name}: task {desc.task_id} has neither a workspace nor a "
+                "config to tune"
             )
-        workspace_dir = workspace_host_dir(ws_env)
         sessions = self._sessions if self._sessions is not None else DockerSessions()
         problem = sessions.available()
         if problem is not None:
@@ -347,6 +370,12 @@ class CliAgent(AgentBase):
             self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
             self._trajectory = self.trajectory_path.open("a", encoding="utf-8")
         try:
+            task: ControlledTask
+            if ws_env is not None:
+                task, workspace_dir = ws_env, workspace_host_dir(ws_env)
+            else:  # a sim task: its serving.toml in a folder of the trial's
+                folder = ConfigFolderTask(env, work / "workspace")
+                task, workspace_dir = folder, folder.root
             bin_dir, home_dir = self._prepare(work)
             with BackgroundLoop() as loop:
                 proxy = KeyProxy(
@@ -355,8 +384,9 @@ class CliAgent(AgentBase):
                     upstream=self.settings.base_url,
                     client_token=f"servegym-proxy-{secrets.token_urlsafe(24)}",
                     host=bind_host,
+                    meter=self.meter,
                 )
-                control = ControlServer(ws_env, host=bind_host, on_call=self._on_call)
+                control = ControlServer(task, host=bind_host, on_call=self._on_call)
                 loop.run(proxy.start())
                 try:
                     loop.run(control.start())
@@ -374,7 +404,7 @@ class CliAgent(AgentBase):
                     self._log(
                         "start", agent=self.name, image=setup.image, proxy_upstream=proxy.upstream
                     )
-                    self._work(ws_env, desc, setup, sessions, control, work)
+                    self._work(task, ws_env, desc, setup, sessions, control, work)
                 finally:
                     with contextlib.suppress(Exception):
                         loop.run(control.close())
@@ -386,6 +416,7 @@ class CliAgent(AgentBase):
                         sessions=self.sessions_run,
                         proxy_requests=proxy.requests,
                         proxy_refused=proxy.refused,
+                        cost=self.meter.summary(),
                     )
         finally:
             if self._trajectory is not None:
@@ -414,7 +445,8 @@ class CliAgent(AgentBase):
 
     def _work(
         self,
-        env: WorkspaceEnvironment,
+        env: ControlledTask,
+        charged: WorkspaceEnvironment | None,
         desc: TaskDescription,
         setup: SessionSetup,
         sessions: SessionRunner,
@@ -437,10 +469,15 @@ class CliAgent(AgentBase):
             kwargs = self.adapter.container_kwargs(named, prompt)
             calls_before = control.calls
             spent_since: list[float] = []
-            meter = SessionMeter(env, lambda: control.busy)
+            # A real track charges the session's own wall time; the simulator's budget is
+            # simulated GPU time, charged by the experiments alone.
+            meter = SessionMeter(charged, lambda: control.busy) if charged is not None else None
 
-            def stop(spent_since: list[float] = spent_since, meter: SessionMeter = meter) -> bool:
-                meter.tick()
+            def stop(
+                spent_since: list[float] = spent_since, meter: SessionMeter | None = meter
+            ) -> bool:
+                if meter is not None:
+                    meter.tick()
                 if not env.budget_left().exhausted:
                     return False
                 if not spent_since:
@@ -451,7 +488,8 @@ class CliAgent(AgentBase):
             result = sessions.run(
                 kwargs, self.settings.session_timeout_s, work / f"session-{index}.log", stop
             )
-            meter.tick(final=True)
+            if meter is not None:
+                meter.tick(final=True)
             self.sessions_run += 1
             calls = control.calls - calls_before
             self._log(

@@ -27,7 +27,7 @@ import json
 import secrets
 import threading
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from aiohttp import web
 
@@ -35,7 +35,6 @@ from servegym.agents.base import (
     BudgetExhausted,
     BudgetState,
     ExperimentResult,
-    WorkspaceEnvironment,
 )
 from servegym.agents.llm.tools import experiment_summary
 from servegym.aio_serve import serve_app
@@ -45,6 +44,18 @@ LOG_TAIL_CHARS = 2000
 """The benchmark answer carries at most this much of the server log's end."""
 
 CallLog = Callable[[dict[str, Any]], None]
+
+
+class ControlledTask(Protocol):
+    """What the control server drives: a real track's
+    :class:`~servegym.agents.base.WorkspaceEnvironment`, or a sim task's config folder
+    (:class:`~servegym.agents.cli.config_folder.ConfigFolderTask`)."""
+
+    def run_benchmark(self, quick: bool = False) -> ExperimentResult: ...
+
+    def submit_workspace(self) -> str: ...
+
+    def budget_left(self) -> BudgetState: ...
 
 
 def budget_line(b: BudgetState) -> str:
@@ -72,7 +83,7 @@ class ControlServer:
 
     def __init__(
         self,
-        env: WorkspaceEnvironment,
+        env: ControlledTask,
         *,
         token: str | None = None,
         host: str = "127.0.0.1",

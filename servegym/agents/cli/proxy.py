@@ -34,6 +34,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from servegym.agents.cli.keys import PLACEHOLDER_KEY, read_api_key
+from servegym.agents.cli.usage import CostMeter, UsageReader, billed, request_model
 from servegym.aio_serve import serve_app
 from servegym.providers.vendors import UPSTREAM, VENDORS, Vendor, normalise_upstream
 
@@ -86,6 +87,7 @@ class KeyProxy:
         port: int = 0,
         connect_timeout_s: float = 30.0,
         read_timeout_s: float = 900.0,
+        meter: CostMeter | None = None,
     ) -> None:
         if provider not in VENDORS:
             raise ValueError(f"unknown provider {provider!r} (known: {', '.join(VENDORS)})")
@@ -97,6 +99,9 @@ class KeyProxy:
         self.port = port
         self.requests = 0
         self.refused = 0
+        self.meter = meter if meter is not None else CostMeter()
+        """Every answered call's tokens and dollars, read off the answers (see
+        :mod:`servegym.agents.cli.usage`)."""
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
@@ -199,14 +204,26 @@ class KeyProxy:
                         continue
                     response.headers.add(name, value)
                 await response.prepare(request)
-                async for chunk in upstream.content.iter_any():  # as it comes: SSE streams
-                    await response.write(chunk)
-                await response.write_eof()
+                reader = UsageReader(self.provider, upstream.headers.get("content-type", ""))
+                try:
+                    async for chunk in upstream.content.iter_any():  # as it comes: SSE streams
+                        reader.feed(chunk)
+                        await response.write(chunk)
+                    await response.write_eof()
+                finally:  # what was answered was spent, even when the stream was cut
+                    self._count(request, body, upstream.status, reader)
                 return response
         except (aiohttp.ClientError, TimeoutError, ConnectionResetError) as e:
             if response is not None and response.prepared:
                 return response  # the answer had started: it ends here, cut
             return _error(502, f"the proxy could not reach {self.upstream}: {type(e).__name__}")
+
+    def _count(self, request: web.Request, body: bytes, status: int, reader: UsageReader) -> None:
+        if status >= 400 or not billed(request.path):
+            return
+        usage = reader.usage()
+        if usage is not None:
+            self.meter.add(request_model(self.provider, request.path, body), usage)
 
 
 def _error(status: int, message: str) -> web.Response:

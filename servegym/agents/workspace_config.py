@@ -1,5 +1,6 @@
 """The ``serving.toml`` of a workspace on a task tuned through configs (a real-track pipeline
-task): how an agent that works through files (a CLI agent, a model with a shell) tunes it.
+task, or a sim task worked by a CLI agent): how an agent that works through files (a CLI
+agent, a model with a shell) tunes it.
 
 The workspace starts with the task's baseline config, above a commented list of every knob
 the agent may set. ``run_benchmark`` measures the file as it is and ``submit_workspace``

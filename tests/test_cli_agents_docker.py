@@ -1,0 +1,160 @@
+"""The real coding CLIs in their Docker sandbox, driven by a scripted fake model: Claude Code
+(Anthropic Messages, streamed) and Codex CLI (the OpenAI Responses API, streamed) each run
+``servegym-agent benchmark`` and ``submit`` on a sim task, through the key proxy, to a
+scored trial.
+
+They need the engine and the ``servegym/cli-agents`` image (``servegym setup images
+cli-agents``; CI builds it, cached by content); each skips saying which is missing. Slow: a
+CLI session starts a container and a node/native binary.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servegym.agents.cli.adapters import DEFAULT_IMAGE
+from servegym.agents.cli.background import BackgroundLoop
+from servegym.providers.fakes import (
+    FakeAnthropic,
+    FakeOpenAIResponses,
+    FakeServer,
+    ScriptStep,
+    final_text,
+    tool_call,
+)
+from servegym.runner.trial import run_trial
+from servegym.tasks.loader import load_task_folder
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+TASK = Path(__file__).parent / "data" / "tasks" / "tiny-throughput"
+HARNESS_KEY = "sk-harness-secret-key-for-the-proxy-only"
+TUNE = "printf 'max_num_seqs = 64\\n' > serving.toml"
+
+
+@pytest.fixture
+def image() -> str:
+    from servegym.sandbox.docker_runner import DockerRunner
+
+    try:
+        DockerRunner().client().images.get(DEFAULT_IMAGE)
+    except Exception as err:
+        pytest.skip(f"image {DEFAULT_IMAGE} is not built (servegym setup images): {err}")
+    return DEFAULT_IMAGE
+
+
+@pytest.fixture
+def loop() -> Iterator[BackgroundLoop]:
+    with BackgroundLoop("fake-model") as background:
+        yield background
+
+
+def serve(loop: BackgroundLoop, fake: FakeServer) -> FakeServer:
+    loop.run(fake.start())
+    return fake
+
+
+def trial_files(folder: Path) -> str:
+    return "\n".join(f.read_text(errors="replace") for f in folder.rglob("*") if f.is_file())
+
+
+def check_trial(folder: Path, result: Any, fake: FakeServer) -> list[dict[str, Any]]:
+    """What both CLIs' trials must show; the trajectory's records."""
+    assert result.outcome == "scored", result.error
+    assert result.score is not None and result.score > 1.0
+    experiments = [json.loads(x) for x in (folder / "experiments.jsonl").read_text().splitlines()]
+    assert [(e["config"], e["quick"]) for e in experiments] == [
+        ({"max_num_seqs": 8}, True),
+        ({"max_num_seqs": 64}, False),
+    ]
+    records = [json.loads(x) for x in (folder / "trajectory.jsonl").read_text().splitlines()]
+    tools = [(r["name"], r["status"]) for r in records if r["kind"] == "tool"]
+    assert tools == [("benchmark", 200), ("benchmark", 200), ("submit", 200)]
+    cost = result.agent_cost
+    assert cost is not None and cost["calls"] >= fake.steps_served
+    assert cost["input_tokens"] > 0 and cost["output_tokens"] > 0
+    assert fake.exhausted
+    assert all(r.api_key == HARNESS_KEY for r in fake.requests)  # the proxy's, not the CLI's
+    assert HARNESS_KEY not in trial_files(folder)
+    return records
+
+
+def test_claude_code_runs_a_sim_trial_through_the_proxy(
+    image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", HARNESS_KEY)
+    script = [
+        tool_call(
+            "Bash",
+            {"command": "cat serving.toml; servegym-agent benchmark --quick", "description": "b"},
+        ),
+        tool_call(
+            "Bash",
+            {
+                "command": f"{TUNE} && servegym-agent benchmark",
+                "description": "tune",
+            },
+        ),
+        tool_call("Bash", {"command": "servegym-agent submit", "description": "submit"}),
+        tool_call("Bash", {"command": "env | sort", "description": "the environment"}),
+        final_text("Submitted max_num_seqs = 64."),
+    ]
+    fake = serve(loop, FakeAnthropic(script, side_requests=True))
+    try:
+        result = run_trial(
+            load_task_folder(TASK),
+            "claude-code:claude-sonnet-4-5",
+            0,
+            tmp_path / "runs",
+            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
+        )
+    finally:
+        loop.run(fake.close())
+    folder = tmp_path / "runs" / "tiny-throughput__claude-code:claude-sonnet-4-5__s0"
+    records = check_trial(folder, result, fake)
+    session = next(r for r in records if r["kind"] == "session")
+    assert session["exit_code"] == 0
+    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    # The CLI's own stream-json shows its tool calls, and the container's environment dumped:
+    # the proxy's per-trial token (which spends nothing once the trial ends), never the key.
+    env_dump = (folder / "cli-agent" / "session-0.log").read_text()
+    assert "servegym-agent submit" in env_dump and '"name":"Bash"' in env_dump
+    assert "ANTHROPIC_API_KEY=servegym-proxy-" in env_dump
+    assert HARNESS_KEY not in env_dump
+
+
+def test_codex_runs_a_sim_trial_through_the_proxy(
+    image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", HARNESS_KEY)
+
+    def shell(command: str) -> ScriptStep:
+        return tool_call("exec_command", {"cmd": command})  # Codex 0.171's shell tool
+
+    script = [
+        shell("cat serving.toml; servegym-agent benchmark --quick"),
+        shell(f"{TUNE} && servegym-agent benchmark"),
+        shell("servegym-agent submit"),
+        final_text("Submitted max_num_seqs = 64."),
+    ]
+    fake = serve(loop, FakeOpenAIResponses(script, side_requests=True))
+    try:
+        result = run_trial(
+            load_task_folder(TASK),
+            "codex:gpt-5",
+            0,
+            tmp_path / "runs",
+            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
+        )
+    finally:
+        loop.run(fake.close())
+    folder = tmp_path / "runs" / "tiny-throughput__codex:gpt-5__s0"
+    records = check_trial(folder, result, fake)
+    session = next(r for r in records if r["kind"] == "session")
+    assert session["exit_code"] == 0
+    assert "servegym-agent submit" in session["output_tail"]  # codex exec --json's events
