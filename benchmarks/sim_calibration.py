@@ -96,6 +96,7 @@ UNIT = {
     "tpot_ms": "ms",
     "ttft_ms": "ms",
     "itl_ms": "ms",
+    "itl_median_ms": "ms",
     "e2e_ms": "ms",
 }
 
@@ -217,16 +218,28 @@ def _run(
     *,
     engine_id: str = "vllm",
     profiles: Profiles | None = None,
+    endpoint: str = "completions",
 ) -> tuple[Metrics, SimRun]:
     """Simulate ``spec`` on the setting (noise off) and compute the load generator's metrics.
+
+    ``endpoint``: ``chat`` simulates the engine's API server as its chat endpoint runs, which
+    renders the chat template on its event loop and so takes a burst in whole
+    (``api_holds_burst``); ``offline`` (``LLM.generate``) has no API server.
 
     Runs are kept by everything that determines them, so points that read two metrics of
     one published run (a throughput and a TTFT) simulate it once."""
     engines, hw = profiles or shipped_profiles()
+    eng = engines[engine_id]
+    if endpoint == "chat":
+        eng = eng.model_copy(update={"api_holds_burst": True})
+    elif endpoint == "offline":
+        eng = eng.model_copy(
+            update={"api_request_ms": 0.0, "api_per_token_us": 0.0, "api_latency_ms": 0.0}
+        )
     key = (
         model,
         hw[hardware].model_dump_json(),
-        engines[engine_id].model_dump_json(),
+        eng.model_dump_json(),
         config.model_dump_json(),
         spec.model_dump_json(exclude={"name"}),
     )
@@ -234,7 +247,7 @@ def _run(
         return _RUNS[key]
     if len(_RUNS) > 64:
         _RUNS.clear()
-    _RUNS[key] = out = _simulate_run(model, hw[hardware], config, spec, engines[engine_id])
+    _RUNS[key] = out = _simulate_run(model, hw[hardware], config, spec, eng)
     return out
 
 
@@ -278,6 +291,8 @@ def _metric_value(p: CalibrationPoint, m: Metrics, num_gpus: int) -> float:
         value = m.ttft_ms.mean
     elif p.metric == "e2e_ms":
         value = m.e2e_ms.mean
+    elif p.metric == "itl_median_ms":
+        value = m.itl_ms.p50
     else:
         value = m.itl_ms.mean
     if p.per_gpu and p.metric.endswith("_throughput"):
@@ -399,6 +414,7 @@ def simulate_point(
             spec,
             engine_id=p.engine_profile,
             profiles=profiles,
+            endpoint=p.endpoint,
         )
     except LaunchError as e:
         return not_simulated(f"launch fails: {e.message.splitlines()[0]}", n)
@@ -562,14 +578,15 @@ FIT_PARAMS: tuple[Param, ...] = (
     Param("engine", ("vllm",), "tp_step_overhead_ms", 0.2, 0.01, 10.0),
     Param("engine", ("vllm",), "api_request_ms", 2.0, 0.01, 100.0),
     Param("engine", ("vllm",), "api_per_token_us", 1.0, 0.01, 100.0),
+    Param("engine", ("vllm",), "api_latency_ms", 5.0, 0.01, 200.0),
     Param("engine", ("vllm",), "attention_scale", 1.0, 0.1, 3.0),
     Param("engine", ("tensorrt-llm",), "step_overhead_ms", 1.4, 0.2, 8.0),
     Param("engine", ("tensorrt-llm",), "per_seq_overhead_us", 3.0, 0.5, 500.0),
     Param("engine", ("tensorrt-llm",), "gemm_scale", 1.0, 0.5, 3.0),
     Param("engine", ("tensorrt-llm",), "attention_scale", 1.0, 0.1, 3.0),
-    Param("hardware", ("h100-sxm",), "mem_efficiency", 0.85, 0.6, 0.95),
+    Param("hardware", ("h100-sxm", "h100-pcie"), "mem_efficiency", 0.85, 0.6, 0.95),
     Param("hardware", ("h200",), "mem_efficiency", 0.85, 0.6, 0.95),
-    Param("hardware", ("h100-sxm", "h200"), "compute_efficiency", 0.6, 0.2, 0.9),
+    Param("hardware", ("h100-sxm", "h100-pcie", "h200"), "compute_efficiency", 0.6, 0.2, 0.9),
     Param("hardware", ("a100-80gb",), "mem_efficiency", 0.85, 0.6, 0.95),
     Param("hardware", ("a100-80gb",), "compute_efficiency", 0.75, 0.2, 0.9),
     Param("hardware", ("rtx-4090",), "mem_efficiency", 0.85, 0.6, 0.95),
@@ -586,14 +603,15 @@ BEFORE: dict[str, float] = {
     "vllm.tp_step_overhead_ms": 0.0,
     "vllm.api_request_ms": 0.0,
     "vllm.api_per_token_us": 0.0,
+    "vllm.api_latency_ms": 0.0,
     "vllm.attention_scale": 1.0,
     "tensorrt-llm.step_overhead_ms": 1.4,
     "tensorrt-llm.per_seq_overhead_us": 3.0,
     "tensorrt-llm.gemm_scale": 1.0,
     "tensorrt-llm.attention_scale": 1.0,
-    "h100-sxm.mem_efficiency": 0.85,
+    "h100-sxm+h100-pcie.mem_efficiency": 0.85,
     "h200.mem_efficiency": 0.85,
-    "h100-sxm+h200.compute_efficiency": 0.6,
+    "h100-sxm+h100-pcie+h200.compute_efficiency": 0.6,
     "a100-80gb.mem_efficiency": 0.85,
     "a100-80gb.compute_efficiency": 0.75,
     "rtx-4090.mem_efficiency": 0.85,
