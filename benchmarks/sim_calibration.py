@@ -570,7 +570,8 @@ class Param:
 FIT_PARAMS: tuple[Param, ...] = (
     # Priors (judgment, before any fit): vLLM's pre-calibration 1.4 ms step and 3 us per
     # sequence; 0.2 ms of worker synchronisation per TP step; a few ms of HTTP and chat-template
-    # work per request and ~1 us per prompt token for a fast tokenizer; kernels at the
+    # work per request and ~1 us per prompt token for a fast tokenizer; a few ms of latency
+    # outside the API server (process hand-offs, the client's own streaming); kernels at the
     # hardware's efficiency; the GPUs' pre-calibration efficiencies (0.85 bandwidth; 0.60
     # compute, 0.75 on the A100).
     Param("engine", ("vllm",), "step_overhead_ms", 1.4, 0.2, 8.0),
@@ -1043,6 +1044,21 @@ def render_loso(
                 ]
             )
     sums.sort(key=lambda c: (c[0] != FAMILY_VLLM, c[0]))
+    per_source = []
+    for h in held:
+        fit_rows = [r for r in by_id(fitted) if r.group == h.group]
+        fs, hs = _summary(h.group, fit_rows), _summary(h.group, h.rows)
+        per_source.append(
+            [
+                h.group,
+                str(hs.points),
+                _pct(fs.median_abs_error, signed=False),
+                _pct(fs.max_abs_error, signed=False),
+                _pct(hs.median_abs_error, signed=False),
+                _pct(hs.max_abs_error, signed=False),
+                hs.worst or "-",
+            ]
+        )
     return "\n".join(
         [
             table(header, cells),
@@ -1051,6 +1067,21 @@ def render_loso(
             "(each source predicted by a fit without it):",
             "",
             table(["points", "model", "n", "median", "worst", "bias"], sums),
+            "",
+            "Per source: fitted with every source, and held out:",
+            "",
+            table(
+                [
+                    "source",
+                    "n",
+                    "fit median",
+                    "fit worst",
+                    "held-out median",
+                    "held-out worst",
+                    "worst point held out",
+                ],
+                per_source,
+            ),
         ]
     )
 

@@ -97,7 +97,7 @@ def test_dense_peaks() -> None:
 def test_interconnects() -> None:
     hw = hardware_profiles()
     l40s = hw["l40s"]
-    pcie_cards = {"l40s", "rtx-4090"}
+    pcie_cards = {"l40s", "rtx-4090", "h100-pcie"}
     for card in pcie_cards:
         assert hw[card].interconnect_kind == "pcie", f"the {card} has no NVLink"
     for h in hw.values():
