@@ -633,8 +633,10 @@ PRIOR_WEIGHT = 0.1
 """Weight of each parameter's pull toward its prior (judgment) value, per unit of log
 ratio: a parameter the points hardly constrain stays near it instead of wandering (a
 factor of two away costs as much as a 7% error on one source)."""
-FIT_MAX_REQUESTS = 500
-"""Requests simulated per point while fitting (the final table uses the usual cap)."""
+FIT_MAX_REQUESTS = 1000
+"""Requests simulated per point while fitting (the final table uses the usual cap). At least
+the largest published burst of small requests (1,000): a host-bound burst's TTFT grows with
+its request count, so a cut-down burst would mislead the API server's cost."""
 
 
 def _values(params: Sequence[Param], profiles: Profiles) -> list[float]:
@@ -801,11 +803,13 @@ def leave_one_source_out(
     start: FitResult | None = None,
     ratios: Sequence[CalibrationRatio] = (),
     max_requests: int = FIT_MAX_REQUESTS,
+    predict_max_requests: int = DEFAULT_MAX_REQUESTS,
     max_nfev: int | None = None,
     log: bool = False,
 ) -> list[HeldOut]:
     """For each vLLM/SGLang source (or the given ``groups``): fit on every other point,
-    then simulate the held-out source's points with that fit. ``start`` warm-starts each
+    then simulate the held-out source's points with that fit (at up to
+    ``predict_max_requests`` requests, as the fitted table). ``start`` warm-starts each
     refit from a full fit (the answer is the same; it only takes fewer steps)."""
     pts = [p for p in points if p.simulable]
     if groups is None:
@@ -826,7 +830,9 @@ def leave_one_source_out(
             max_nfev=max_nfev,
         )
         profiles = res.profiles()
-        rows = [simulate_point(p, max_requests=max_requests, profiles=profiles) for p in test]
+        rows = [
+            simulate_point(p, max_requests=predict_max_requests, profiles=profiles) for p in test
+        ]
         out.append(HeldOut(group=g, rows=rows, fitted=res.named()))
     return out
 

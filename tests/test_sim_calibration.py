@@ -178,7 +178,9 @@ def test_leave_one_source_out_runs(cal: ModuleType) -> None:
         if p.source_group in ("vLLM PR #16937", "Mistral-7B on RTX 4090 blog") and p.simulable
     ]
     params = [q for q in cal.FIT_PARAMS if q.name == "vllm.step_overhead_ms"]
-    held = cal.leave_one_source_out(points, params=params, max_requests=40, max_nfev=4)
+    held = cal.leave_one_source_out(
+        points, params=params, max_requests=40, predict_max_requests=40, max_nfev=4
+    )
     assert [h.group for h in held] == ["Mistral-7B on RTX 4090 blog", "vLLM PR #16937"]
     for h in held:
         assert {r.group for r in h.rows} == {h.group}
