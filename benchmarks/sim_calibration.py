@@ -96,6 +96,7 @@ UNIT = {
     "tpot_ms": "ms",
     "ttft_ms": "ms",
     "itl_ms": "ms",
+    "itl_median_ms": "ms",
     "e2e_ms": "ms",
 }
 
@@ -217,16 +218,28 @@ def _run(
     *,
     engine_id: str = "vllm",
     profiles: Profiles | None = None,
+    endpoint: str = "completions",
 ) -> tuple[Metrics, SimRun]:
     """Simulate ``spec`` on the setting (noise off) and compute the load generator's metrics.
+
+    ``endpoint``: ``chat`` simulates the engine's API server as its chat endpoint runs, which
+    renders the chat template on its event loop and so takes a burst in whole
+    (``api_holds_burst``); ``offline`` (``LLM.generate``) has no API server.
 
     Runs are kept by everything that determines them, so points that read two metrics of
     one published run (a throughput and a TTFT) simulate it once."""
     engines, hw = profiles or shipped_profiles()
+    eng = engines[engine_id]
+    if endpoint == "chat":
+        eng = eng.model_copy(update={"api_holds_burst": True})
+    elif endpoint == "offline":
+        eng = eng.model_copy(
+            update={"api_request_ms": 0.0, "api_per_token_us": 0.0, "api_latency_ms": 0.0}
+        )
     key = (
         model,
         hw[hardware].model_dump_json(),
-        engines[engine_id].model_dump_json(),
+        eng.model_dump_json(),
         config.model_dump_json(),
         spec.model_dump_json(exclude={"name"}),
     )
@@ -234,7 +247,7 @@ def _run(
         return _RUNS[key]
     if len(_RUNS) > 64:
         _RUNS.clear()
-    _RUNS[key] = out = _simulate_run(model, hw[hardware], config, spec, engines[engine_id])
+    _RUNS[key] = out = _simulate_run(model, hw[hardware], config, spec, eng)
     return out
 
 
@@ -278,6 +291,8 @@ def _metric_value(p: CalibrationPoint, m: Metrics, num_gpus: int) -> float:
         value = m.ttft_ms.mean
     elif p.metric == "e2e_ms":
         value = m.e2e_ms.mean
+    elif p.metric == "itl_median_ms":
+        value = m.itl_ms.p50
     else:
         value = m.itl_ms.mean
     if p.per_gpu and p.metric.endswith("_throughput"):
@@ -399,6 +414,7 @@ def simulate_point(
             spec,
             engine_id=p.engine_profile,
             profiles=profiles,
+            endpoint=p.endpoint,
         )
     except LaunchError as e:
         return not_simulated(f"launch fails: {e.message.splitlines()[0]}", n)
@@ -554,7 +570,8 @@ class Param:
 FIT_PARAMS: tuple[Param, ...] = (
     # Priors (judgment, before any fit): vLLM's pre-calibration 1.4 ms step and 3 us per
     # sequence; 0.2 ms of worker synchronisation per TP step; a few ms of HTTP and chat-template
-    # work per request and ~1 us per prompt token for a fast tokenizer; kernels at the
+    # work per request and ~1 us per prompt token for a fast tokenizer; a few ms of latency
+    # outside the API server (process hand-offs, the client's own streaming); kernels at the
     # hardware's efficiency; the GPUs' pre-calibration efficiencies (0.85 bandwidth; 0.60
     # compute, 0.75 on the A100).
     Param("engine", ("vllm",), "step_overhead_ms", 1.4, 0.2, 8.0),
@@ -562,14 +579,15 @@ FIT_PARAMS: tuple[Param, ...] = (
     Param("engine", ("vllm",), "tp_step_overhead_ms", 0.2, 0.01, 10.0),
     Param("engine", ("vllm",), "api_request_ms", 2.0, 0.01, 100.0),
     Param("engine", ("vllm",), "api_per_token_us", 1.0, 0.01, 100.0),
+    Param("engine", ("vllm",), "api_latency_ms", 5.0, 0.01, 200.0),
     Param("engine", ("vllm",), "attention_scale", 1.0, 0.1, 3.0),
     Param("engine", ("tensorrt-llm",), "step_overhead_ms", 1.4, 0.2, 8.0),
     Param("engine", ("tensorrt-llm",), "per_seq_overhead_us", 3.0, 0.5, 500.0),
     Param("engine", ("tensorrt-llm",), "gemm_scale", 1.0, 0.5, 3.0),
     Param("engine", ("tensorrt-llm",), "attention_scale", 1.0, 0.1, 3.0),
-    Param("hardware", ("h100-sxm",), "mem_efficiency", 0.85, 0.6, 0.95),
+    Param("hardware", ("h100-sxm", "h100-pcie"), "mem_efficiency", 0.85, 0.6, 0.95),
     Param("hardware", ("h200",), "mem_efficiency", 0.85, 0.6, 0.95),
-    Param("hardware", ("h100-sxm", "h200"), "compute_efficiency", 0.6, 0.2, 0.9),
+    Param("hardware", ("h100-sxm", "h100-pcie", "h200"), "compute_efficiency", 0.6, 0.2, 0.9),
     Param("hardware", ("a100-80gb",), "mem_efficiency", 0.85, 0.6, 0.95),
     Param("hardware", ("a100-80gb",), "compute_efficiency", 0.75, 0.2, 0.9),
     Param("hardware", ("rtx-4090",), "mem_efficiency", 0.85, 0.6, 0.95),
@@ -586,14 +604,15 @@ BEFORE: dict[str, float] = {
     "vllm.tp_step_overhead_ms": 0.0,
     "vllm.api_request_ms": 0.0,
     "vllm.api_per_token_us": 0.0,
+    "vllm.api_latency_ms": 0.0,
     "vllm.attention_scale": 1.0,
     "tensorrt-llm.step_overhead_ms": 1.4,
     "tensorrt-llm.per_seq_overhead_us": 3.0,
     "tensorrt-llm.gemm_scale": 1.0,
     "tensorrt-llm.attention_scale": 1.0,
-    "h100-sxm.mem_efficiency": 0.85,
+    "h100-sxm+h100-pcie.mem_efficiency": 0.85,
     "h200.mem_efficiency": 0.85,
-    "h100-sxm+h200.compute_efficiency": 0.6,
+    "h100-sxm+h100-pcie+h200.compute_efficiency": 0.6,
     "a100-80gb.mem_efficiency": 0.85,
     "a100-80gb.compute_efficiency": 0.75,
     "rtx-4090.mem_efficiency": 0.85,
@@ -614,8 +633,10 @@ PRIOR_WEIGHT = 0.1
 """Weight of each parameter's pull toward its prior (judgment) value, per unit of log
 ratio: a parameter the points hardly constrain stays near it instead of wandering (a
 factor of two away costs as much as a 7% error on one source)."""
-FIT_MAX_REQUESTS = 500
-"""Requests simulated per point while fitting (the final table uses the usual cap)."""
+FIT_MAX_REQUESTS = 1000
+"""Requests simulated per point while fitting (the final table uses the usual cap). At least
+the largest published burst of small requests (1,000): a host-bound burst's TTFT grows with
+its request count, so a cut-down burst would mislead the API server's cost."""
 
 
 def _values(params: Sequence[Param], profiles: Profiles) -> list[float]:
@@ -782,11 +803,13 @@ def leave_one_source_out(
     start: FitResult | None = None,
     ratios: Sequence[CalibrationRatio] = (),
     max_requests: int = FIT_MAX_REQUESTS,
+    predict_max_requests: int = DEFAULT_MAX_REQUESTS,
     max_nfev: int | None = None,
     log: bool = False,
 ) -> list[HeldOut]:
     """For each vLLM/SGLang source (or the given ``groups``): fit on every other point,
-    then simulate the held-out source's points with that fit. ``start`` warm-starts each
+    then simulate the held-out source's points with that fit (at up to
+    ``predict_max_requests`` requests, as the fitted table). ``start`` warm-starts each
     refit from a full fit (the answer is the same; it only takes fewer steps)."""
     pts = [p for p in points if p.simulable]
     if groups is None:
@@ -807,7 +830,9 @@ def leave_one_source_out(
             max_nfev=max_nfev,
         )
         profiles = res.profiles()
-        rows = [simulate_point(p, max_requests=max_requests, profiles=profiles) for p in test]
+        rows = [
+            simulate_point(p, max_requests=predict_max_requests, profiles=profiles) for p in test
+        ]
         out.append(HeldOut(group=g, rows=rows, fitted=res.named()))
     return out
 
@@ -1025,6 +1050,21 @@ def render_loso(
                 ]
             )
     sums.sort(key=lambda c: (c[0] != FAMILY_VLLM, c[0]))
+    per_source = []
+    for h in held:
+        fit_rows = [r for r in by_id(fitted) if r.group == h.group]
+        fs, hs = _summary(h.group, fit_rows), _summary(h.group, h.rows)
+        per_source.append(
+            [
+                h.group,
+                str(hs.points),
+                _pct(fs.median_abs_error, signed=False),
+                _pct(fs.max_abs_error, signed=False),
+                _pct(hs.median_abs_error, signed=False),
+                _pct(hs.max_abs_error, signed=False),
+                hs.worst or "-",
+            ]
+        )
     return "\n".join(
         [
             table(header, cells),
@@ -1033,6 +1073,21 @@ def render_loso(
             "(each source predicted by a fit without it):",
             "",
             table(["points", "model", "n", "median", "worst", "bias"], sums),
+            "",
+            "Per source: fitted with every source, and held out:",
+            "",
+            table(
+                [
+                    "source",
+                    "n",
+                    "fit median",
+                    "fit worst",
+                    "held-out median",
+                    "held-out worst",
+                    "worst point held out",
+                ],
+                per_source,
+            ),
         ]
     )
 

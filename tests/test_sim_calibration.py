@@ -28,14 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sim_calibration.py"
 
 CHEAP_MEDIAN_BOUND = 0.04
-"""Median absolute error of the cheap vLLM points (achieved: 2.1%)."""
-CHEAP_MAX_BOUND = 0.06
-"""Largest absolute error of one cheap vLLM point (achieved: 3.8%)."""
+"""Median absolute error of the cheap vLLM points (achieved: 2.7%)."""
+CHEAP_MAX_BOUND = 0.14
+"""Largest absolute error of one cheap vLLM point (achieved: 12.2%, the Poisson TTFT)."""
 CHEAP_GROUPS = (
     "vLLM PR #16937",
     "SGLang PR #4716",
     "Mistral-7B on RTX 4090 blog",
     "Tim Wang blog",
+    "kvcached H100 check",
 )
 """Sources whose points simulate in well under a second each."""
 DOC_TARGET_MEDIAN = 0.10
@@ -129,13 +130,27 @@ def test_script_computes_the_table(cal: ModuleType) -> None:
 
 def test_cheap_points_within_bound(cal: ModuleType) -> None:
     """The fitted profiles reproduce the cheap vLLM/SGLang points: batch-1 decode (8B on one
-    H100, 70B at TP8), the RTX 4090 concurrency sweep and the long-prompt waves."""
+    H100, 70B at TP8), the RTX 4090 concurrency sweep, the long-prompt waves and the 0.6B
+    model's host-bound burst and Poisson load."""
     points = [p for p in _vllm_family(load_calibration()) if p.source_group in CHEAP_GROUPS]
     report = cal.calibrate(points, ratios=[])
     s = report.summary(cal.FAMILY_VLLM)
-    assert s.points == len(points) >= 9
+    assert s.points == len(points) >= 14
     assert s.median_abs_error <= CHEAP_MEDIAN_BOUND <= DOC_TARGET_MEDIAN
     assert s.max_abs_error <= CHEAP_MAX_BOUND <= DOC_TARGET_MAX
+
+
+def test_gpustack_h100_decodes_like_a_pcie_card(cal: ModuleType) -> None:
+    """Why GPUStack's "H100" is simulated as an H100 PCIe: its Qwen3-32B decode step at a
+    32,000-token context (median ITL 43.3 ms, one sequence at a time) is what a 2.0 TB/s card
+    gives, and an SXM module (3.35 TB/s) would take ~40% less."""
+    (point,) = [p for p in load_calibration() if p.id == "gpustack-qwen3-32b-h100-32000-100-itl"]
+    assert point.hardware == "h100-pcie"
+    pcie = cal.simulate_point(point, max_requests=3)
+    sxm = cal.simulate_point(point.model_copy(update={"hardware": "h100-sxm"}), max_requests=3)
+    assert pcie.error is not None and sxm.error is not None
+    assert abs(pcie.error) < 0.06
+    assert sxm.error < -0.3
 
 
 def test_fit_moves_a_parameter_toward_the_data(cal: ModuleType) -> None:
@@ -163,7 +178,9 @@ def test_leave_one_source_out_runs(cal: ModuleType) -> None:
         if p.source_group in ("vLLM PR #16937", "Mistral-7B on RTX 4090 blog") and p.simulable
     ]
     params = [q for q in cal.FIT_PARAMS if q.name == "vllm.step_overhead_ms"]
-    held = cal.leave_one_source_out(points, params=params, max_requests=40, max_nfev=4)
+    held = cal.leave_one_source_out(
+        points, params=params, max_requests=40, predict_max_requests=40, max_nfev=4
+    )
     assert [h.group for h in held] == ["Mistral-7B on RTX 4090 blog", "vLLM PR #16937"]
     for h in held:
         assert {r.group for r in h.rows} == {h.group}
@@ -175,16 +192,16 @@ def test_leave_one_source_out_runs(cal: ModuleType) -> None:
 
 @pytest.mark.slow
 def test_full_calibration_as_documented(cal: ModuleType) -> None:
-    """The whole table at the published request counts (a minute on one core), as
-    docs/simulator.md reports it: vLLM/SGLang median 11.2% and worst 57.6% (a short-prompt
-    burst's TTFT), TensorRT-LLM median 8.8% and worst 12.3%, the MLPerf H100/L40S ratio
-    -9.0% (3.20-3.30 over the stand-ins)."""
+    """The whole table at the published request counts (a few minutes on one core), as
+    docs/simulator.md reports it: vLLM/SGLang median 2.7% and worst 18.8% (a short-prompt
+    burst's TTFT), TensorRT-LLM median 8.4% and worst 14.7%, the MLPerf H100/L40S ratio
+    -2.0% (3.45-3.56 over the stand-ins)."""
     report = cal.calibrate()
     vllm = report.summary(cal.FAMILY_VLLM)
-    assert vllm.points >= 30
-    assert vllm.median_abs_error <= 0.13 and vllm.max_abs_error <= 0.65
+    assert vllm.points >= 45
+    assert vllm.median_abs_error <= 0.05 and vllm.max_abs_error <= 0.22
     trt = report.summary(cal.FAMILY_TRT)
-    assert trt.median_abs_error <= 0.11 and trt.max_abs_error <= 0.15
+    assert trt.median_abs_error <= 0.12 and trt.max_abs_error <= 0.16
     (ratio,) = report.ratios
     assert -0.15 <= ratio.error <= 0.0
     assert max(v for _, v in ratio.spread) - min(v for _, v in ratio.spread) < 0.2

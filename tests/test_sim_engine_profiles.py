@@ -17,7 +17,7 @@ from servegym.tasks.loader import load_task_folder
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _engine(**fields: float) -> EngineProfile:
+def _engine(**fields: float | bool) -> EngineProfile:
     """The shipped vLLM profile with some fields replaced."""
     return get_engine("vllm").model_copy(update=fields)
 
@@ -59,11 +59,49 @@ def test_api_server_serialises_a_burst() -> None:
         recs = run(eng, wl, noise=False).records  # type: ignore[arg-type]
         return sorted((r.first_token_ns - r.sent_ns) / 1e6 for r in recs if r.first_token_ns)
 
-    free = ttfts_ms(_launch(_engine(api_request_ms=0.0, api_per_token_us=0.0)))
-    slow = ttfts_ms(_launch(_engine(api_request_ms=api_ms, api_per_token_us=0.0)))
+    free = ttfts_ms(_launch(_engine(api_request_ms=0.0, api_per_token_us=0.0, api_latency_ms=0.0)))
+    slow = ttfts_ms(
+        _launch(_engine(api_request_ms=api_ms, api_per_token_us=0.0, api_latency_ms=0.0))
+    )
     assert max(free) - min(free) < 1e-6, "without an API cost the burst is one prefill step"
     for k, t in enumerate(slow, start=1):
         assert k * api_ms <= t <= k * api_ms + 20.0
+
+
+def test_api_latency_is_paid_once_by_every_request() -> None:
+    """``api_latency_ms`` delays every request by the same time outside the serialised server:
+    a lone request's TTFT grows by exactly it, and a burst keeps its spread."""
+    n, lat = 16, 30.0
+    wl = simple_workload([100] * n, [8] * n)
+    base = _engine(api_request_ms=1.0, api_per_token_us=0.0, api_latency_ms=0.0)
+    slow = _engine(api_request_ms=1.0, api_per_token_us=0.0, api_latency_ms=lat)
+
+    def ttfts_ms(eng: EngineProfile) -> list[float]:
+        recs = run(_launch(eng), wl, noise=False).records  # type: ignore[arg-type]
+        return sorted((r.first_token_ns - r.sent_ns) / 1e6 for r in recs if r.first_token_ns)
+
+    a, b = ttfts_ms(base), ttfts_ms(slow)
+    assert [y - x for x, y in zip(a, b, strict=True)] == pytest.approx([lat] * n, abs=1e-3)
+
+
+def test_a_server_that_holds_a_burst_hands_it_over_whole() -> None:
+    """``api_holds_burst`` (a chat endpoint rendering templates on its event loop): a burst of
+    n reaches the scheduler only once the server has taken all n, so no first token comes
+    before n x api_request_ms; one by one, the first comes after about one request's cost."""
+    n, api_ms = 32, 20.0
+    wl = simple_workload([100] * n, [8] * n)
+
+    def ttfts_ms(hold: bool) -> list[float]:
+        eng = _engine(
+            api_request_ms=api_ms, api_per_token_us=0.0, api_latency_ms=0.0, api_holds_burst=hold
+        )
+        recs = run(_launch(eng), wl, noise=False).records  # type: ignore[arg-type]
+        return sorted((r.first_token_ns - r.sent_ns) / 1e6 for r in recs if r.first_token_ns)
+
+    trickle, held = ttfts_ms(False), ttfts_ms(True)
+    assert trickle[0] < 2 * api_ms + 20.0
+    assert held[0] >= n * api_ms
+    assert held[-1] - held[0] < 50.0, "the held burst is prefilled together"
 
 
 def test_api_server_charges_prompt_tokens() -> None:

@@ -41,6 +41,7 @@ Metric = Literal[
     "tpot_ms",  # mean time per output token after the first
     "ttft_ms",  # mean time to first token
     "itl_ms",  # mean inter-token latency
+    "itl_median_ms",  # median inter-token latency (in a long run: one decode step's time)
     "e2e_ms",  # mean request latency, send to last token
 ]
 Arrival = Literal["offline", "concurrency", "poisson", "mlperf-server"]
@@ -123,6 +124,11 @@ class CalibrationPoint(_Data):
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     engine: Engine
     engine_version: str | None = None
+    endpoint: Literal["completions", "chat", "offline"] = Field(
+        default="completions",
+        description="how requests reached the engine: the OpenAI completions endpoint, the "
+        "chat endpoint (chat template rendered by the API server), or offline (LLM.generate)",
+    )
     serving: dict[str, int | float | bool | str] = Field(
         default_factory=dict,
         description="ServingConfig knobs the publication set (the rest: engine defaults)",

@@ -84,8 +84,14 @@ class EngineProfile(_Data):
     detokenizing and streaming each running request), the synchronisation of tensor-parallel
     workers once per step (``tp_step_overhead_ms``), and the API server every request passes
     through before it reaches the scheduler, one at a time (``api_request_ms`` plus
-    ``api_per_token_us`` per prompt token: HTTP, chat template, tokenisation). Every number
-    is fitted to published measurements by ``benchmarks/sim_calibration.py --fit``.
+    ``api_per_token_us`` per prompt token: HTTP, chat template, tokenisation), and the
+    latency of the serving path that holds no server (``api_latency_ms``: hand-offs between
+    the client, the API server and the engine process, streaming the first token back),
+    added once to every request. ``api_holds_burst`` is how a server that preprocesses on
+    its event loop takes a burst (vLLM's chat endpoint, which renders the chat template
+    there): requests that arrive while it is busy reach the scheduler together, when it has
+    finished all of them, instead of one by one. Every number is fitted to published
+    measurements by ``benchmarks/sim_calibration.py --fit``.
     """
 
     id: str
@@ -102,6 +108,16 @@ class EngineProfile(_Data):
     )
     api_per_token_us: float = Field(
         ge=0, description="API-server time per prompt token (tokenisation), microseconds"
+    )
+    api_latency_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="latency every request pays outside the serialised API server, ms",
+    )
+    api_holds_burst: bool = Field(
+        default=False,
+        description="requests taken in while the API server is busy enter the scheduler "
+        "together when it is done (preprocessing on the server's event loop)",
     )
     gemm_scale: float = Field(
         gt=0, le=3, description="multiplies the hardware's compute efficiency for GEMMs"

@@ -203,6 +203,8 @@ class Scheduler:
         eng = engine.cost.engine
         self.api_req_s = eng.api_request_ms * 1e-3
         self.api_tok_s = eng.api_per_token_us * 1e-6
+        self.api_lat_s = eng.api_latency_ms * 1e-3
+        self.api_hold = eng.api_holds_burst
         self.api = self.api_req_s > 0 or self.api_tok_s > 0
         self.front: list[tuple[float, int, int]] = []
         self.api_free = 0.0
@@ -234,7 +236,9 @@ class Scheduler:
     # --- arrivals -----------------------------------------------------------------------
 
     def add_arrival(self, r: int, t: float) -> None:
-        """Request ``r`` arrives at virtual time ``t`` (seconds)."""
+        """Request ``r`` arrives at virtual time ``t`` (seconds); the engine sees it after
+        the serving path's latency (``api_latency_ms``)."""
+        t += self.api_lat_s
         if self.api:
             heapq.heappush(self.front, (t, self._arrival_seq, r))
         else:
@@ -247,11 +251,19 @@ class Scheduler:
         ones before it). Only arrivals up to ``now`` are taken, so one added later with an
         earlier time than a queued one (a closed loop's next request) still goes first."""
         front, now = self.front, self.now
+        taken: list[tuple[int, int]] = []
         while front and front[0][0] <= now:
             t, seq, r = heapq.heappop(front)
             done = max(t, self.api_free) + self.api_req_s + self.api_tok_s * self.P_list[r]
             self.api_free = done
-            heapq.heappush(self.arrivals, (done, seq, r))
+            if self.api_hold:
+                taken.append((seq, r))
+            else:
+                heapq.heappush(self.arrivals, (done, seq, r))
+        # A server that preprocesses on its event loop hands the requests it took together
+        # to the engine once it has finished the last of them.
+        for seq, r in taken:
+            heapq.heappush(self.arrivals, (self.api_free, seq, r))
 
     def _next_arrival(self) -> float | None:
         """The earliest time a request could next enter the scheduler (a lower bound while
