@@ -11,9 +11,9 @@ log(oracle), per seed and over all seeds), and the tasks where the checklist rea
 
 Every result is kept under ``OUT`` (trials as ``servegym sweep`` lays them out, nop and
 oracle scores as ``<task>__<nop|oracle>__s<seed>.json``), so re-running the command
-resumes: only what is missing runs. ``-j N`` runs N processes at once. The cheap columns
-run first (nop, oracle, default, checklist, then the searches), so an interrupted run
-already has the suite figures; ``--report`` prints the table from what is there without
+resumes: only what is missing runs. ``-j N`` runs N processes at once. The columns the
+suite figures need run first (oracle, checklist; then nop, default and the searches), so an
+interrupted run already has them; ``--report`` prints the table from what is there without
 running anything (a cell not yet run shows ``-``).
 
     .venv/bin/python benchmarks/suite_table.py OUT [-j N] [--seeds 0,1] [--task ID ...]
@@ -215,8 +215,8 @@ def main() -> None:
                     todo.append((t, a, s))
                 else:
                     scores[(t, a, s)] = done
-    # cheap columns first: an interrupted run already has the suite figures
-    order = {"nop": 0, "oracle": 1, "default": 2, "checklist": 3, "random": 4, "tpe": 5}
+    # the suite figures' columns first: an interrupted run already has them
+    order = {"oracle": 0, "checklist": 1, "nop": 2, "default": 3, "random": 4, "tpe": 5}
     todo.sort(key=lambda c: order[c[1]])
     if args.report:
         todo = []

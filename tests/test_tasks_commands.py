@@ -37,7 +37,7 @@ def test_list_shows_every_shipped_task() -> None:
     out = c.export_text()
     for folder in sorted(tasks_dir().glob("*/task.toml")):
         assert folder.parent.name in out
-    assert "max output_throughput" in out and "min ttft p99" in out
+    assert "max output_throughput" in out and "min itl p99" in out
 
 
 def test_list_shows_a_broken_task_with_its_error(tmp_path: Path) -> None:
