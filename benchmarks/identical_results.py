@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 TASKS = (
-    "offline-throughput-balanced",
+    "voice-stream-h100",
     "agentic-concurrent",
-    "max-rate-sla-prefill",
-    "int4-accuracy-trap",
+    "chat-h100-cost-sla",
+    "balanced-l40s-poisson",
     "rag-pipeline-throughput",
 )
 AGENTS = ("default", "random", "tpe")

@@ -43,7 +43,7 @@ from servegym.runner.results import read_trial
 
 TESTS = Path(__file__).resolve().parent
 TASK = str(TESTS / "data" / "tasks" / "tiny-latency")
-SWEEP_TASKS = "decode-tpot-single-stream,balanced-e2e-p99-poisson"  # shipped: no --root
+SWEEP_TASKS = "voice-stream-h100,balanced-l40s-poisson"  # shipped: no --root
 
 CASES = {  # kind: (default run, under -m slow)
     "kill": (1, 24),
@@ -269,7 +269,7 @@ def drivers_case(tally: Tally, rng: random.Random, tmp: Path, i: int) -> None:
     case = f"drivers#{i} {kinds[0]} then {kinds[1]} after {delay:.2f} s"
     out = tmp / f"drivers{i}"
     sweep = command("sweep", out)
-    single = cli("run", "--task", "decode-tpot-single-stream", "--agent", "default", "--out",
+    single = cli("run", "--task", "voice-stream-h100", "--agent", "default", "--out",
                  str(out))  # fmt: skip
     args = [sweep if k == "sweep" else [*single, *(["--force"] if k == "force" else [])]
             for k in kinds]  # fmt: skip

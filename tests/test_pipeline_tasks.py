@@ -60,7 +60,7 @@ def test_task_format_checks() -> None:
     wrong_objective = {**raw, "objective": {"kind": "output_throughput"}}
     with pytest.raises(ValidationError, match="pipeline_rate or pipeline_latency"):
         Task.model_validate(wrong_objective)
-    plain = load_task("offline-throughput-balanced").task.model_dump()
+    plain = load_task("voice-stream-h100").task.model_dump()
     plain["baseline"]["pipeline"] = {"ef_search": 10}
     with pytest.raises(ValidationError, match="pipeline tasks only"):
         Task.model_validate(plain)
@@ -81,7 +81,7 @@ def test_agents_see_and_search_the_pipeline_knobs(tmp_path: Path) -> None:
     assert set(result.pipeline["stage_shares"]) >= {"answer", "retrieve"}
     env.close()
     # Plain sim tasks neither list nor accept the table.
-    plain = TrackEnvironment(load_task("offline-throughput-balanced")).describe()
+    plain = TrackEnvironment(load_task("voice-stream-h100")).describe()
     assert not any(k.name.startswith("pipeline") for k in plain.knobs)
 
     space = load_search_space("sim-pipeline", model="qwen3-8b", num_gpus=1)

@@ -150,18 +150,18 @@ def test_outside_agent_runs_to_a_scored_trial(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     agent = "tests_plugin_pkg.agent:MyAgent"
     proc = _servegym(
-        "run", "--task", "offline-throughput-balanced", "--agent", agent, "--out", str(out),
+        "run", "--task", "voice-stream-h100", "--agent", agent, "--out", str(out),
         pythonpath=site, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "outcome: scored" in proc.stdout
     # the folder is named from the spec as given: the same spec, the same folder
-    folder = out / f"offline-throughput-balanced__{agent}__s0"
+    folder = out / f"voice-stream-h100__{agent}__s0"
     trial = json.loads((folder / "trial.json").read_text())
     assert trial["agent"] == agent and trial["outcome"] == "scored"
     assert trial["score"] is not None
     again = _servegym(
-        "run", "--task", "offline-throughput-balanced", "--agent", agent, "--out", str(out),
+        "run", "--task", "voice-stream-h100", "--agent", agent, "--out", str(out),
         pythonpath=site, cwd=tmp_path,
     )  # fmt: skip
     assert again.returncode == 0 and sorted(p.name for p in out.iterdir()) == [folder.name]
@@ -180,7 +180,7 @@ def test_bad_agent_specs_are_one_line(tmp_path: Path, agent: str, says: str) -> 
     site = tmp_path / "site"
     _package(site, "tests_plugin_pkg")
     proc = _servegym(
-        "run", "--task", "offline-throughput-balanced", "--agent", agent,
+        "run", "--task", "voice-stream-h100", "--agent", agent,
         "--out", str(tmp_path / "runs"), pythonpath=site, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -261,7 +261,7 @@ def test_installed_plugins_are_found(plugin_path: Path) -> None:
     assert "mybox" in sandbox_names() and get_sandbox("mybox")().available() is None
 
     assert {"quiet-sim", "sim", "cpu", "gpu"} <= set(TRACKS.names())
-    track = TRACKS.get("quiet-sim").for_task(load_task("max-rate-sla-prefill"), TrackSetup())
+    track = TRACKS.get("quiet-sim").for_task(load_task("chat-h100-cost-sla"), TrackSetup())
     assert isinstance(track, SimTrack) and type(track).__name__ == "QuietSimTrack"
     with pytest.raises(UserError, match=r"plug-in 'notatrack' .* is not a track class"):
         TRACKS.get("notatrack")
@@ -286,7 +286,7 @@ def test_an_installed_agent_runs_on_the_command_line(tmp_path: Path) -> None:
     _package(site, "tests_plugin_pkg")
     _dist_info(site, ENTRY_POINTS)
     proc = _servegym(
-        "run", "--task", "offline-throughput-balanced", "--agent", "myplugin",
+        "run", "--task", "voice-stream-h100", "--agent", "myplugin",
         "--out", str(tmp_path / "runs"), pythonpath=site, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -38,7 +38,7 @@ from servegym.runner.results import read_trial
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data" / "tasks"
 TASK = str(DATA / "tiny-latency")
-SWEEP_TASK = "decode-tpot-single-stream"  # a shipped sim task: the sweep command has no --root
+SWEEP_TASK = "voice-stream-h100"  # a shipped sim task: the sweep command has no --root
 
 
 def cli(*args: str) -> list[str]:

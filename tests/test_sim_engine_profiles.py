@@ -160,8 +160,8 @@ def test_float32_weights_take_four_bytes_per_parameter() -> None:
 def test_a_task_chooses_its_engine(tmp_path: Path) -> None:
     """``sim_engine`` in a sim task selects the engine profile; an unknown one is refused
     at load time naming the field; a real-track task cannot set it."""
-    src = ROOT / "tasks" / "offline-throughput-balanced"
-    folder = tmp_path / "offline-throughput-balanced"
+    src = ROOT / "tasks" / "voice-stream-h100"
+    folder = tmp_path / "voice-stream-h100"
     folder.mkdir()
     for f in src.iterdir():
         (folder / f.name).write_text(f.read_text())

@@ -37,7 +37,7 @@ def test_list_shows_every_shipped_task() -> None:
     out = c.export_text()
     for folder in sorted(tasks_dir().glob("*/task.toml")):
         assert folder.parent.name in out
-    assert "max output_throughput" in out and "min ttft p99" in out
+    assert "max output_throughput" in out and "min itl p99" in out
 
 
 def test_list_shows_a_broken_task_with_its_error(tmp_path: Path) -> None:
@@ -51,9 +51,9 @@ def test_list_shows_a_broken_task_with_its_error(tmp_path: Path) -> None:
 
 
 def test_show_prints_the_task_and_instruction_but_never_the_oracle() -> None:
-    loaded = load_task("int4-accuracy-trap")
+    loaded = load_task("balanced-l40s-poisson")
     c = console()
-    task_show("int4-accuracy-trap", c)
+    task_show("balanced-l40s-poisson", c)
     out = c.export_text()
     assert loaded.task.title.split(":")[0] in out
     assert "min ratio 0.99" in out and "Rules" in out
@@ -67,7 +67,7 @@ def test_unknown_task_id_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError) as info:
         task_show("no-such-task", console())
     assert "unknown task 'no-such-task'" in info.value.message
-    assert "int4-accuracy-trap" in info.value.message  # lists the known ids
+    assert "balanced-l40s-poisson" in info.value.message  # lists the known ids
     with pytest.raises(UserError, match="unknown task 'nope'"):
         task_validate(["nope"], console())
 
@@ -109,7 +109,7 @@ def test_new_refuses_an_existing_or_bad_id(tmp_path: Path) -> None:
 
 
 def test_new_from_copies_an_existing_task(tmp_path: Path) -> None:
-    source = load_task("int4-accuracy-trap").path
+    source = load_task("balanced-l40s-poisson").path
     folder = task_new("my-copy", console(), from_=str(source), root=tmp_path)
     loaded = load_task_folder(folder)
     assert loaded.id == "my-copy"
