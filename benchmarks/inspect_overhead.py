@@ -13,7 +13,7 @@ Two measurements, each the median of ``--repeats`` runs after one unmeasured war
 Wall and CPU seconds are both printed: on a busy machine the CPU seconds are the steadier
 measure of the work Inspect adds.
 
-    .venv/bin/python benchmarks/inspect_overhead.py [--task offline-throughput-balanced]
+    .venv/bin/python benchmarks/inspect_overhead.py [--task voice-stream-h100]
         [--repeats 5]
 
 It also checks that both give the same score, and says so.
@@ -98,7 +98,7 @@ def cold(kind: str, task: str, out: Path) -> tuple[float, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", default="offline-throughput-balanced")
+    p.add_argument("--task", default="voice-stream-h100")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--one", choices=sorted(RUNNERS), help="run one trial and exit (cold runs)")
     p.add_argument("--out", type=Path)

@@ -21,7 +21,7 @@ from servegym.runner.doctor import (
 )
 from servegym.tasks.loader import load_task_folder
 
-GPU_TASK = Path(__file__).parents[1] / "tasks" / "gpu-offline-throughput-balanced"
+GPU_TASK = Path(__file__).parents[1] / "tasks" / "gpu-voice-stream-h100"
 
 
 def gpu_host(**changes: object) -> HostFacts:

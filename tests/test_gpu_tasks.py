@@ -25,9 +25,9 @@ ONE_GPU = HostInfo(cpus=16, gpus=1, memory_bytes=1 << 40)
 def test_the_gpu_tasks_are_shipped_not_yet_validated() -> None:
     assert GPU_TASKS == [
         "gpu-agentic-concurrent",
-        "gpu-goodput-sla-balanced",
-        "gpu-int4-accuracy-trap",
-        "gpu-offline-throughput-balanced",
+        "gpu-balanced-l40s-poisson",
+        "gpu-goodput-h100-stream",
+        "gpu-voice-stream-h100",
     ]
     for tid in GPU_TASKS:
         task = load_task_folder(TASKS / tid).task
@@ -48,7 +48,7 @@ def test_each_mirrors_its_sim_task_and_its_oracle_wins_on_the_simulator(tid: str
     engine.check(loaded.task.baseline, ONE_GPU)
 
 
-def _copy(tmp_path: Path, tid: str = "gpu-offline-throughput-balanced") -> Path:
+def _copy(tmp_path: Path, tid: str = "gpu-voice-stream-h100") -> Path:
     """A gpu task and the sim task it mirrors, copied under ``tmp_path``."""
     task = load_task_folder(TASKS / tid).task
     for name in (tid, task.mirror_of):
@@ -62,13 +62,13 @@ def test_a_task_that_is_not_its_mirror_is_named(tmp_path: Path) -> None:
     text = (folder / "task.toml").read_text()
     (folder / "task.toml").write_text(
         text.replace("wall_seconds = 6000", "wall_seconds = 9000").replace(
-            'hardware = "h200"', 'hardware = "h100-sxm"'
+            'hardware = "h100-sxm"', 'hardware = "h200"'
         )
     )
     result = check_mirror(load_task_folder(folder))
     assert not result.passed
     assert result.detail == (
-        "not a mirror of offline-throughput-balanced: hardware differs; budget in GPU-seconds "
+        "not a mirror of voice-stream-h100: hardware differs; budget in GPU-seconds "
         "differs"
     )
 
@@ -126,18 +126,18 @@ def test_task_list_shows_the_state_at_80_columns() -> None:
     console.print(render_task_list(width=80))
     text = console.export_text()
     assert all(len(line) <= 80 for line in text.splitlines())
-    line = next(x for x in text.splitlines() if "gpu-offline-throughput-balanced" in x)
-    assert "gpu (not validated) · Qwen/Qwen3-8B @ h200" in line
-    sim = next(x for x in text.splitlines() if x.strip().startswith("offline-throughput-bal"))
-    assert "sim · qwen3-8b @ h200" in sim
+    line = next(x for x in text.splitlines() if "gpu-agentic-concurrent" in x)
+    assert "gpu (not validated) · Qwen/Qwen3-8B @ l40s" in line
+    sim = next(x for x in text.splitlines() if x.strip().startswith("agentic-concurrent"))
+    assert "sim · qwen3-8b @ l40s" in sim
 
 
 def test_a_sim_task_does_not_track_validation(tmp_path: Path) -> None:
     from servegym.errors import UserError
 
-    shutil.copytree(TASKS / "offline-throughput-balanced", tmp_path / "t")
+    shutil.copytree(TASKS / "voice-stream-h100", tmp_path / "t")
     path = tmp_path / "t" / "task.toml"
-    text = path.read_text().replace('id = "offline-throughput-balanced"', 'id = "t"')
+    text = path.read_text().replace('id = "voice-stream-h100"', 'id = "t"')
     path.write_text(text.replace('engines = ["sim"]', 'engines = ["sim"]\nvalidated = false'))
     with pytest.raises(UserError, match="validated is for real-track tasks"):
         load_task_folder(tmp_path / "t")

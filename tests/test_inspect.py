@@ -118,7 +118,7 @@ def test_inspect_lists_every_shipped_task() -> None:
     names = {t.name for t in listed}
     assert names == {*task_ids(), "trial"}
     sim = {t.name for t in listed if t.attribs.get("track") == "sim"}
-    assert "offline-throughput-balanced" in sim and "cpu-prefill-ttft" not in sim
+    assert "voice-stream-h100" in sim and "cpu-prefill-ttft" not in sim
 
 
 @needs_inspect
@@ -217,12 +217,12 @@ def test_the_budget_is_servegyms(tmp_path: Path) -> None:
 
 @needs_inspect
 def test_a_shipped_task_runs_by_its_inspect_name(tmp_path: Path) -> None:
-    log = _eval("servegym/offline-throughput-balanced", [], tmp_path / "logs", out=str(tmp_path))
+    log = _eval("servegym/voice-stream-h100", [], tmp_path / "logs", out=str(tmp_path))
     assert log.status == "success"
     score = log.samples[0].scores["final_evaluation"]
     assert score.metadata["outcome"] == "no_submission" and score.value == 1.0
     trial = read_trial(Path(score.metadata["trial_folder"]) / "trial.json")
-    assert trial.task == "offline-throughput-balanced" and trial.outcome == "no_submission"
+    assert trial.task == "voice-stream-h100" and trial.outcome == "no_submission"
 
 
 @needs_inspect

