@@ -68,8 +68,7 @@ def test_a_task_that_is_not_its_mirror_is_named(tmp_path: Path) -> None:
     result = check_mirror(load_task_folder(folder))
     assert not result.passed
     assert result.detail == (
-        "not a mirror of voice-stream-h100: hardware differs; budget in GPU-seconds "
-        "differs"
+        "not a mirror of voice-stream-h100: hardware differs; budget in GPU-seconds differs"
     )
 
 

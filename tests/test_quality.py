@@ -253,11 +253,7 @@ def test_a_sim_task_cannot_turn_the_set_on(tmp_path: Path) -> None:
     src = Path(__file__).parents[1] / "tasks" / "voice-stream-h100"
     folder = tmp_path / "sim-quality"
     folder.mkdir()
-    text = (
-        (src / "task.toml")
-        .read_text()
-        .replace('id = "voice-stream-h100"', 'id = "sim-quality"')
-    )
+    text = (src / "task.toml").read_text().replace('id = "voice-stream-h100"', 'id = "sim-quality"')
     text = text.replace("[accuracy]\n", "[accuracy]\nquality_set = true\n")
     if "[accuracy]" not in text:
         text += "\n[accuracy]\nquality_set = true\n"
