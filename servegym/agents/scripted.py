@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from servegym.agents.base import AgentBase, TaskEnvironment, register_agent
-from servegym.agents.llm.tools import call_tool
+from servegym.agents.llm.tools import ToolOutcome, call_tool
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.providers.types import ToolCall
@@ -55,6 +55,36 @@ def load_script(path: Path) -> list[ToolCall]:
     return calls
 
 
+class TrajectoryWriter:
+    """Appends each tool call with its result to a trial's ``trajectory.jsonl``, one JSON
+    line each, in the form ``--agent scripted`` replays (``path`` None: writes nothing)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._out: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._out = path.open("a", encoding="utf-8")
+        self._t0 = time.monotonic()
+
+    def tool(self, call: ToolCall, result: ToolOutcome) -> None:
+        if self._out is None:
+            return
+        record: dict[str, Any] = {
+            "t": round(time.monotonic() - self._t0, 3),
+            "kind": "tool",
+            "name": call.name,
+            "arguments": call.arguments,
+            "result": result.content,
+            "is_error": result.is_error,
+        }
+        self._out.write(json.dumps(record, default=str) + "\n")
+        self._out.flush()
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+
+
 @register_agent("scripted")
 class ScriptedAgent(AgentBase):
     """Replays a script of tool calls; see the module docstring."""
@@ -78,26 +108,10 @@ class ScriptedAgent(AgentBase):
     def run(self, env: TaskEnvironment, seed: int) -> None:
         desc = env.describe()
         baseline = ServingConfig.model_validate(desc.baseline)
-        out: IO[str] | None = None
-        if self.trajectory_path is not None:
-            self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
-            out = self.trajectory_path.open("a", encoding="utf-8")
-        t0 = time.monotonic()
+        trajectory = TrajectoryWriter(self.trajectory_path)
         try:
             for call in self.calls:
-                result = call_tool(env, desc.tuning, baseline, call)
-                if out is not None:
-                    record: dict[str, Any] = {
-                        "t": round(time.monotonic() - t0, 3),
-                        "kind": "tool",
-                        "name": call.name,
-                        "arguments": call.arguments,
-                        "result": result.content,
-                        "is_error": result.is_error,
-                    }
-                    out.write(json.dumps(record, default=str) + "\n")
-                    out.flush()
+                trajectory.tool(call, call_tool(env, desc.tuning, baseline, call))
             self.outcome = "finished"
         finally:
-            if out is not None:
-                out.close()
+            trajectory.close()

@@ -17,17 +17,17 @@ Nothing here imports Inspect: the Inspect side (:mod:`.tasks`) only calls :meth:
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from servegym.agents.base import AgentBase, TaskDescription, TaskEnvironment
 from servegym.agents.llm.tools import ToolOutcome, call_tool
+from servegym.agents.scripted import TrajectoryWriter
 from servegym.engines.config import ServingConfig
 from servegym.errors import UserError
 from servegym.providers.types import ToolCall
@@ -82,12 +82,9 @@ class RelayAgent(AgentBase):
     def run(self, env: TaskEnvironment, seed: int) -> None:
         desc = env.describe()
         baseline = ServingConfig.model_validate(desc.baseline)
-        out: IO[str] | None = None
-        if self.trajectory_path is not None:
-            self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
-            out = self.trajectory_path.open("a", encoding="utf-8")
+        trajectory = TrajectoryWriter(self.trajectory_path)
         self.outcome = "crashed"  # until the outside loop says how it ended
-        t0 = last = time.monotonic()
+        last = time.monotonic()
         self.session.opened(desc)
         try:
             while True:
@@ -106,20 +103,9 @@ class RelayAgent(AgentBase):
                     raise
                 item.reply.set_result(result)
                 last = time.monotonic()
-                if out is not None:
-                    record = {
-                        "t": round(last - t0, 3),
-                        "kind": "tool",
-                        "name": item.call.name,
-                        "arguments": item.call.arguments,
-                        "result": result.content,
-                        "is_error": result.is_error,
-                    }
-                    out.write(json.dumps(record, default=str) + "\n")
-                    out.flush()
+                trajectory.tool(item.call, result)
         finally:
-            if out is not None:
-                out.close()
+            trajectory.close()
             self.session.closed()
 
     @staticmethod
