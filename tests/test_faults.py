@@ -6,7 +6,6 @@ failing (429, 500, timeouts) is in test_llm_agent.py and test_llm_providers.py."
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from engine_support import StandInEngine
+from task_support import with_evaluation
 
 from servegym.engines.base import ModelRef
 from servegym.engines.config import ServingConfig
@@ -36,11 +36,9 @@ MOCK = "from servegym.loadgen.mock_server import main; main(sys.argv[1:])"
 
 @pytest.fixture
 def loaded() -> LoadedTask:
-    task = load_task_folder(DATA / "tiny-cpu")
-    quick = task.task.evaluation.model_copy(
-        update={"start_timeout_s": 4.0, "request_timeout_s": 3.0}
+    return with_evaluation(
+        load_task_folder(DATA / "tiny-cpu"), start_timeout_s=4.0, request_timeout_s=3.0
     )
-    return dataclasses.replace(task, task=task.task.model_copy(update={"evaluation": quick}))
 
 
 def submission(program: str) -> ServingConfig:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from engine_support import StandInEngine
+from task_support import with_evaluation
 
 from servegym.agents.base import BudgetExhausted
 from servegym.engines.base import ModelRef
@@ -130,17 +131,10 @@ def test_each_pair_runs_its_own_sample_of_the_scoring_workload(loaded: LoadedTas
     assert first.content_hash() != second.content_hash()
 
 
-def _adaptive(loaded: LoadedTask, **evaluation: object) -> LoadedTask:
-    import dataclasses
-
-    spec = loaded.task.evaluation.model_copy(update=evaluation)
-    return dataclasses.replace(loaded, task=loaded.task.model_copy(update={"evaluation": spec}))
-
-
 def test_adaptive_pairs_run_to_the_limit_when_the_interval_stays_wide(
     loaded: LoadedTask, tmp_path: Path
 ) -> None:
-    task = _adaptive(loaded, max_repeats=7, target_half_width=1e-6)
+    task = with_evaluation(loaded, max_repeats=7, target_half_width=1e-6)
     engine = StandInEngine(tmp_path / "pid")
     track = track_for(task, server_logs=tmp_path, engine=engine, model=MODEL)
     ev = evaluate(task, ServingConfig(), 5, track=track)
@@ -153,14 +147,14 @@ def test_adaptive_pairs_run_to_the_limit_when_the_interval_stays_wide(
 
 def test_adaptive_pairs_stop_once_the_interval_is_narrow() -> None:
     """On the simulator a nop's pairs agree exactly: the interval is narrow at once."""
-    task = _adaptive(load_task_folder(DATA / "tiny-throughput"), max_repeats=9)
+    task = with_evaluation(load_task_folder(DATA / "tiny-throughput"), max_repeats=9)
     ev = evaluate(task, task.task.baseline, 5)
     assert ev.info.pairs_stopped == "narrow" and len(ev.objective.pairs) == 5
     assert ev.info.half_width is not None and ev.info.half_width <= 0.05
 
 
 def test_adaptive_pairs_stop_at_the_pairs_time_budget(loaded: LoadedTask, tmp_path: Path) -> None:
-    task = _adaptive(loaded, max_repeats=40, target_half_width=1e-6, pairs_time_s=1.0)
+    task = with_evaluation(loaded, max_repeats=40, target_half_width=1e-6, pairs_time_s=1.0)
     track = track_for(task, server_logs=tmp_path, engine=StandInEngine(tmp_path / "p"), model=MODEL)
     ev = evaluate(task, ServingConfig(), 5, track=track)
     assert ev.info.pairs_stopped == "time_budget"
@@ -172,7 +166,7 @@ def test_a_planted_15_percent_faster_server_is_told_from_noise(
 ) -> None:
     """The same (mock) server with each token 15% sooner: the score's interval excludes 1.
     The nop case beside it (test_evaluation_scores_pairs_and_gates) includes it."""
-    task = _adaptive(loaded, max_repeats=20, target_half_width=0.03)
+    task = with_evaluation(loaded, max_repeats=20, target_half_width=0.03)
     track = track_for(task, server_logs=tmp_path, engine=StandInEngine(tmp_path / "p"), model=MODEL)
     faster = ServingConfig(block_size=32, extra_args=["--itl-ms", "4.35", "--ttft-ms", "4.35"])
     ev = evaluate(task, faster, 11, track=track)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 from engine_support import StandInEngine
+from task_support import with_fixed_pairs
 
 from servegym.engines.base import ModelRef
 from servegym.engines.process import free_port
 from servegym.errors import UserError
 from servegym.runner.score_server import score_server
+from servegym.tasks.loader import load_task
 
 DATA = Path(__file__).parent / "data" / "tasks"
 MODEL = ModelRef(path="mock", served_name="mock")
@@ -105,7 +107,8 @@ def test_a_running_vllm_cpu_server_is_scored(cpu_track_ready: None, tmp_path: Pa
         import asyncio
 
         asyncio.run(server.wait_ready())
-        result = score_server("cpu-prefill-ttft", spec.base_url, tmp_path / "runs")
+        task = with_fixed_pairs(load_task("cpu-prefill-ttft"))
+        result = score_server(task, spec.base_url, tmp_path / "runs")
     finally:
         server.stop()
     print(f"\ncpu-prefill-ttft external: {result.outcome} {result.score} {result.score_ci}")
@@ -129,8 +132,9 @@ def test_a_constant_token_server_is_flagged_by_the_probe_check(
 
     from servegym.engines.models import resolve_model
 
+    task = with_fixed_pairs(load_task("cpu-prefill-ttft"))
     with serving(None, "constant", Path(resolve_model("servegym-tiny").path)) as url:
-        result = score_server("cpu-prefill-ttft", url, tmp_path / "runs")
+        result = score_server(task, url, tmp_path / "runs")
     gate = result.gates["integrity"]
     print(f"\ncpu-prefill-ttft constant-token cheat: {result.outcome}; {gate.detail}")
     assert result.outcome == "integrity_flagged" and result.score is None

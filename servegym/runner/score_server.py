@@ -45,7 +45,7 @@ AGENT = "external"
 
 
 def score_server(
-    task: str | Path,
+    task: str | Path | LoadedTask,
     base_url: str,
     out: Path,
     *,
@@ -56,7 +56,7 @@ def score_server(
 ) -> TrialResult:
     """Score the server at ``base_url`` on ``task`` (see the module docstring). ``engine``
     and ``model`` (the baseline's) default to the task's; tests pass stand-ins."""
-    loaded = load_task(task, tasks_root)
+    loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     if loaded.task.traits.simulated:
         raise UserError(
             f"--task {loaded.id}: a sim-track task has no server to score; --base-url scores "
