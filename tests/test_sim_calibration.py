@@ -37,6 +37,7 @@ CHEAP_GROUPS = (
     "Mistral-7B on RTX 4090 blog",
     "Tim Wang blog",
     "kvcached H100 check",
+    "vLLM blog, FP8 KV cache",
 )
 """Sources whose points simulate in well under a second each."""
 DOC_TARGET_MEDIAN = 0.10
@@ -138,6 +139,31 @@ def test_cheap_points_within_bound(cal: ModuleType) -> None:
     assert s.points == len(points) >= 14
     assert s.median_abs_error <= CHEAP_MEDIAN_BOUND <= DOC_TARGET_MEDIAN
     assert s.max_abs_error <= CHEAP_MAX_BOUND <= DOC_TARGET_MAX
+
+
+def test_range_ratio_spreads_lengths_and_breaks_lockstep(cal: ModuleType) -> None:
+    """A point measured with ``--random-range-ratio`` is simulated with lengths uniform
+    within the ratio: a closed loop of such requests falls out of step, so its median TTFT
+    is one request's prefill riding along with decodes, not a wave of simultaneous
+    prefills (the same loop at fixed lengths)."""
+    (point,) = [
+        p for p in load_calibration() if p.id == "vllmblog-fp8kv-llama31-8b-h100-c8-20k-ttft"
+    ]
+    assert point.workload.range_ratio == pytest.approx(0.15)
+    spec = cal._workload_spec("x", cal._arrival(point.workload), 50, 20000, 2000, 0.15)
+    assert spec.input_tokens.dist == "uniform"
+    assert (spec.input_tokens.low, spec.input_tokens.high) == (17000, 23000)
+    assert (spec.output_tokens.low, spec.output_tokens.high) == (1700, 2300)
+    spread = cal.simulate_point(point, max_requests=40)
+    fixed = cal.simulate_point(
+        point.model_copy(
+            update={"workload": point.workload.model_copy(update={"range_ratio": 0.0})}
+        ),
+        max_requests=40,
+    )
+    assert spread.simulated is not None and fixed.simulated is not None
+    assert spread.simulated < 0.5 * fixed.simulated
+    assert "+-15%" in spread.setting
 
 
 def test_gpustack_h100_decodes_like_a_pcie_card(cal: ModuleType) -> None:
