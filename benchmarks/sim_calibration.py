@@ -97,6 +97,7 @@ UNIT = {
     "ttft_ms": "ms",
     "itl_ms": "ms",
     "itl_median_ms": "ms",
+    "ttft_median_ms": "ms",
     "e2e_ms": "ms",
 }
 
@@ -188,15 +189,25 @@ def _arrival(w: CalibrationWorkload) -> ArrivalSpec | str:
     return "MLPerf Server's latency-bounded search for the highest rate is not modelled"
 
 
+def _lengths(n: int, spread: float) -> LengthDistribution:
+    """``n`` tokens, or uniform over ``[(1 - spread) n, (1 + spread) n]`` (the random
+    dataset's ``--random-range-ratio``)."""
+    if spread <= 0.0:
+        return LengthDistribution(dist="fixed", value=n)
+    return LengthDistribution(
+        dist="uniform", low=max(1, round(n * (1 - spread))), high=round(n * (1 + spread))
+    )
+
+
 def _workload_spec(
-    name: str, arrival: ArrivalSpec, requests: int, prompt: int, output: int
+    name: str, arrival: ArrivalSpec, requests: int, prompt: int, output: int, spread: float = 0.0
 ) -> WorkloadSpec:
     return WorkloadSpec(
         name=name,
         kind="synthetic",
         num_requests=requests,
-        input_tokens=LengthDistribution(dist="fixed", value=prompt),
-        output_tokens=LengthDistribution(dist="fixed", value=output),
+        input_tokens=_lengths(prompt, spread),
+        output_tokens=_lengths(output, spread),
         arrival=arrival,
     )
 
@@ -289,6 +300,8 @@ def _metric_value(p: CalibrationPoint, m: Metrics, num_gpus: int) -> float:
         value = m.tpot_ms.mean
     elif p.metric == "ttft_ms":
         value = m.ttft_ms.mean
+    elif p.metric == "ttft_median_ms":
+        value = m.ttft_ms.p50
     elif p.metric == "e2e_ms":
         value = m.e2e_ms.mean
     elif p.metric == "itl_median_ms":
@@ -321,6 +334,8 @@ def _setting(p: CalibrationPoint, requests: int | None) -> str:
     lengths = f"{'?' if inp is None else inp}/{'?' if out is None else out}"
     if w.uses_stand_in:
         lengths = f"~{lengths} (stand-in)"
+    elif w.range_ratio > 0:
+        lengths = f"{lengths} +-{w.range_ratio:.0%}"
     count = ""
     if requests is not None and w.num_prompts is not None and requests < w.num_prompts:
         count = f"{requests:,} of {w.num_prompts:,} req"
@@ -405,7 +420,7 @@ def simulate_point(
     if reason is not None or isinstance(arrival, str) or inp is None or out is None:
         return not_simulated(reason or "not simulable", None)
     n = _requests(w, max_requests)
-    spec = _workload_spec(p.id, arrival, n, inp, out)
+    spec = _workload_spec(p.id, arrival, n, inp, out, w.range_ratio)
     try:
         metrics, run = _run(
             p.model,
@@ -593,6 +608,7 @@ FIT_PARAMS: tuple[Param, ...] = (
     Param("hardware", ("rtx-4090",), "mem_efficiency", 0.85, 0.6, 0.95),
     Param("hardware", ("rtx-4090",), "compute_efficiency", 0.6, 0.2, 0.9),
     Param("hardware", ("l40s",), "compute_efficiency", 0.6, 0.2, 0.9),
+    Param("hardware", ("b200",), "mem_efficiency", 0.85, 0.6, 0.95),
 )
 """What ``--fit`` fits. vLLM's GEMM efficiency is the hardware profile's own (its
 ``gemm_scale`` stays 1): the hardware efficiencies are defined as what vLLM's kernels reach,
@@ -618,6 +634,7 @@ BEFORE: dict[str, float] = {
     "rtx-4090.mem_efficiency": 0.85,
     "rtx-4090.compute_efficiency": 0.6,
     "l40s.compute_efficiency": 0.6,
+    "b200.mem_efficiency": 0.85,
 }
 """The model before this calibration (issue 18): one set of host overheads in the hardware
 profiles, no API server, no TP synchronisation, kernels at the judgment efficiencies. The

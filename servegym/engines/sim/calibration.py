@@ -42,6 +42,7 @@ Metric = Literal[
     "ttft_ms",  # mean time to first token
     "itl_ms",  # mean inter-token latency
     "itl_median_ms",  # median inter-token latency (in a long run: one decode step's time)
+    "ttft_median_ms",  # median time to first token
     "e2e_ms",  # mean request latency, send to last token
 ]
 Arrival = Literal["offline", "concurrency", "poisson", "mlperf-server"]
@@ -71,6 +72,13 @@ class CalibrationWorkload(_Data):
         default=None, ge=1, description="closed-loop concurrency (1 = one request at a time)"
     )
     rate: float | None = Field(default=None, gt=0, description="requests/s (poisson, server)")
+    range_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="lengths drawn uniformly from [(1 - r) L, (1 + r) L] around input_tokens "
+        "and output_tokens (vllm bench serve --random-range-ratio); 0: fixed lengths",
+    )
     stand_in_input_tokens: int | None = Field(
         default=None,
         ge=1,
