@@ -95,6 +95,10 @@ class ManagedServer:
         """Raise ConfigRejected for a config the engine's table refuses."""
         self.engine.check(self.config)
 
+    def new_process(self, spec: LaunchSpec) -> ServerProcess:
+        """The process that runs ``spec`` (a container's, in the Docker sandbox's subclass)."""
+        return ServerProcess(spec, self.log_path, start_timeout_s=self.start_timeout_s)
+
     @property
     def label(self) -> str:
         return self.engine.name
@@ -111,7 +115,7 @@ class ManagedServer:
         while True:
             port = self.port if self.port is not None else free_port()
             spec = self.spec(port)
-            proc = ServerProcess(spec, self.log_path, start_timeout_s=self.start_timeout_s)
+            proc = self.new_process(spec)
             self.process = proc
             proc.start()
             try:
