@@ -201,6 +201,8 @@ def test_a_launcher_container_serves_on_its_internal_address_and_stops(
     the cpu image's: started, ready at the container's address, what it saw, then stopped
     and removed; another killed from outside is reported as a crash."""
     from servegym.sandbox.docker_runner import DockerRunner
+    from servegym.sandbox.egress import descendants
+    from servegym.sandbox.pinned_env import unpinned
 
     image = "servegym/cli-agents"
     _image_or_skip(image)
@@ -231,6 +233,17 @@ def test_a_launcher_container_serves_on_its_internal_address_and_stops(
         assert attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
         assert attrs["HostConfig"]["Memory"] == 8 * 2**30
         url = proc.spec.base_url
+        # the harness's niceness, which a local server would inherit, passed on
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        leader = proc.leader_pid()
+        assert leader is not None
+        nice = {os.getpriority(os.PRIO_PROCESS, pid) for pid in descendants(leader)}
+        assert nice == {max(own, 0)}, (own, nice)
+        if os.geteuid() == 0:  # root may lower a priority: back to 0, then matched to 19
+            for pid in descendants(leader):
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
+            assert proc.match_niceness(19) == len(descendants(leader)) >= 2
+            assert {os.getpriority(os.PRIO_PROCESS, p) for p in descendants(leader)} == {19}
         info = await managed.stop()
         assert info is not None and info.stopped_by_harness
         return url, cid, attrs["HostConfig"]["NetworkMode"]
@@ -247,16 +260,25 @@ def test_a_launcher_container_serves_on_its_internal_address_and_stops(
     assert log.startswith("$ docker run --init --network=servegym-internal")
     assert "serving" in log
 
-    async def killed() -> str:
+    async def unpinned_then_killed() -> tuple[list[str], str]:
+        # a launcher that lifts the ISA cap: its processes are seen from this host's /proc
+        (ws / "start_server.sh").write_text(
+            SERVER.replace("set -eu\n", "set -eu\nexport ONEDNN_MAX_CPU_ISA=AVX512_CORE\n")
+        )
         managed = server("b.log")
         proc = await managed.start()
+        leader = proc.leader_pid()
+        assert managed.runs_launcher and leader is not None
+        changed = unpinned(descendants(leader), engine.pinned_env())
         assert proc.running_container is not None  # type: ignore[attr-defined]
         client.containers.get(proc.running_container.id).kill()  # type: ignore[attr-defined]
         info = await asyncio.wait_for(proc.wait_exit(), 30)
         await managed.stop()
-        return info.describe()
+        return [c.text() for c in changed], info.describe()
 
-    assert asyncio.run(killed()) == (
+    changed, how = asyncio.run(unpinned_then_killed())
+    assert len(changed) == 1 and "ONEDNN_MAX_CPU_ISA=AVX512_CORE" in changed[0], changed
+    assert how == (
         "server crashed mid-run: killed by SIGKILL (not by the harness: the kernel's OOM "
         "killer or another process)"
     )

@@ -259,6 +259,11 @@ class ServerProcess:
         )
         return self._exit
 
+    def leader_pid(self) -> int | None:
+        """The pid, in this machine's process table, of the server's first process (its
+        tree is what the harness inspects); None before it started."""
+        return self.proc.pid if self.proc is not None else None
+
     @property
     def started(self) -> bool:
         """Whether :meth:`start` started it (a subclass may run it elsewhere than ``proc``)."""

@@ -70,6 +70,10 @@ class ServedRun(BaseModel):
 class ManagedServer:
     """A server for one config on a free port: ``async with ManagedServer(...) as s``."""
 
+    runs_launcher = False
+    """Whether a workspace's launcher, not the harness, chose the server's command (its
+    processes are then checked for the pinned environment)."""
+
     def __init__(
         self,
         engine: Engine,
@@ -152,6 +156,8 @@ class ScriptServer(ManagedServer):
     """A server started by a workspace's launcher script in a sandbox (the real tracks'
     submissions): the same lifecycle as a config's server, with no table to check (what
     the script runs is the agent's business; whether it serves honestly is measured)."""
+
+    runs_launcher = True
 
     def __init__(
         self,

@@ -338,6 +338,18 @@ class RunningContainer:
             except _ENGINE_ERRORS as err:  # the engine went away or the container was removed
                 self.log_error = _one_line(err)
 
+    def host_pid(self) -> int | None:
+        """The pid of the container's first process in this host's process table (None
+        once it stopped, or where the engine runs elsewhere, e.g. in a VM)."""
+        try:
+            self._container.reload()
+        except docker.errors.NotFound:
+            return None
+        pid = int((self._container.attrs.get("State") or {}).get("Pid") or 0)
+        if pid <= 0 or not Path(f"/proc/{pid}").exists():
+            return None
+        return pid
+
     def address(self) -> str | None:
         """The container's IPv4 address on its network (None with ``network="none"``)."""
         self._container.reload()

@@ -19,7 +19,12 @@ from the host's environment. The container:
 - keeps the engine's compile caches in a harness-owned folder of their own, mounted at
   ``/cache`` and scrubbed of torn entries before each start like a local server's (a
   second start loads compiled graphs instead of compiling anew);
-- gets the engine's environment: its defaults, the config's, the pinned hardware class.
+- gets the engine's environment: its defaults, the config's, the pinned hardware class;
+- runs at the harness's own CPU priority (its niceness), as a local server, the harness's
+  child, would: the engine does not pass it on, so the harness renices the container's
+  processes once they start and again when the server is ready (a server started by
+  ``nice -n 19 servegym run`` must not outrun, on a busy machine, the same server run
+  locally).
 
 The gpu images take the same path (their GPUs granted with ``gpus="all"``); SGLang's image has
 no ``vllm serve`` entrypoint, so it is not offered here yet.
@@ -28,6 +33,7 @@ no ``vllm serve`` entrypoint, so it is not offered here yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
@@ -59,6 +65,7 @@ from servegym.sandbox.docker_runner import (
     Mount,
     RunningContainer,
 )
+from servegym.sandbox.egress import descendants
 from servegym.sandbox.images import IMAGES
 
 ENGINE_IMAGES: dict[str, str] = {"vllm-cpu": IMAGES["cpu"].tag, "vllm": IMAGES["vllm"].tag}
@@ -171,6 +178,12 @@ class ContainerProcess(ServerProcess):
     def started(self) -> bool:
         return self.running_container is not None
 
+    def leader_pid(self) -> int | None:
+        """The container's first process (its init) in this machine's process table."""
+        if self.running_container is None:
+            return None
+        return self.running_container.host_pid()
+
     def docker_line(self) -> str:
         """The container as a ``docker run`` line, for the log."""
         c = self.container
@@ -217,6 +230,27 @@ class ContainerProcess(ServerProcess):
                 f"{self.spec.engine}: its container has no network address", info, self.log_path
             )
         self.spec = self.spec.model_copy(update={"host": address})
+        self.match_niceness()
+
+    def match_niceness(self, niceness: int | None = None) -> int:
+        """Give the container's processes ``niceness`` (default: this process's, which a
+        local server inherits) where theirs is lower; how many were changed."""
+        own = os.getpriority(os.PRIO_PROCESS, 0) if niceness is None else niceness
+        leader = self.leader_pid()
+        if own <= 0 or leader is None:
+            return 0
+        changed = 0
+        for pid in descendants(leader):
+            with contextlib.suppress(OSError):
+                if os.getpriority(os.PRIO_PROCESS, pid) < own:
+                    os.setpriority(os.PRIO_PROCESS, pid, own)
+                    changed += 1
+        return changed
+
+    async def wait_ready(self) -> float:
+        ready = await super().wait_ready()
+        await asyncio.to_thread(self.match_niceness)  # processes started since
+        return ready
 
     def poll(self, phase: Phase = "run") -> ExitInfo | None:
         if self._exit is not None:
@@ -351,6 +385,8 @@ class ContainerLauncherServer(ContainerServer):
     as a local sandbox sets them, ``env`` (the pinned hardware class) on top; the image's
     ``vllm`` first on ``PATH``. No capability table is asked: what the script runs is the
     agent's business, whether it serves honestly is measured."""
+
+    runs_launcher = True
 
     def __init__(
         self,

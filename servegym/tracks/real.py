@@ -313,13 +313,15 @@ class RealEvaluation(EvaluationSession):
             config = ServingConfig.model_validate(submission.model_dump())
             server = self.track.config_server(config, sub_log)
         self.sides["submission"] = self._side(server, None, None)
-        if not isinstance(server, AttachedServer):
+        if not isinstance(server, AttachedServer) and self.track.servers == "local":
+            # (a container's network has no route out: its own guard; and the harness's
+            # requests reach it from the bridge's address, which the watch would count)
             self.egress = EgressWatch(partial(_leader, server))
             self.egress_task = asyncio.create_task(self.egress.run())
         proc, error = await _start(server)
         leader = _leader(server)
         pinned = self.engine.pinned_env()
-        if isinstance(server, ScriptServer) and leader is not None and pinned:
+        if server.runs_launcher and leader is not None and pinned:
             tree = descendants(leader)
             changed = unpinned(tree, pinned)
             if changed:
@@ -496,8 +498,7 @@ async def _start(server: ManagedServer) -> tuple[ServerProcess | None, str | Non
 
 
 def _leader(server: ManagedServer) -> int | None:
-    proc = server.process.proc if server.process is not None else None
-    return proc.pid if proc is not None else None
+    return server.process.leader_pid() if server.process is not None else None
 
 
 # --------------------------------------------------------------------------- agent phase
