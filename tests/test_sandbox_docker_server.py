@@ -282,3 +282,42 @@ def test_a_launcher_container_serves_on_its_internal_address_and_stops(
         "server crashed mid-run: killed by SIGKILL (not by the harness: the kernel's OOM "
         "killer or another process)"
     )
+
+
+@pytest.mark.docker
+def test_a_cpu_task_on_the_docker_sandbox_starts_every_server_in_a_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The track's wiring, without starting a server: the agent phase's and the final
+    evaluation's servers (a config's and a launcher's) are containers of the image, which
+    ``trial.json`` names; a missing image is one line before anything starts."""
+    monkeypatch.delenv("SERVEGYM_HOME")  # the machine's CPU track (its model)
+    from servegym.cpu_track.setup import require_cpu_track
+    from servegym.sandbox.local import LocalSandbox
+    from servegym.tasks.loader import load_task
+    from servegym.tracks import track_for
+    from servegym.tracks.real import RealServerTrack
+
+    try:
+        require_cpu_track()
+    except UserError as e:
+        pytest.skip(e.message)
+    _image_or_skip("servegym/vllm-cpu")
+    loaded = load_task("cpu-throughput-concurrent")
+    track = track_for(loaded, server_logs=tmp_path / "servers", servers="docker")
+    assert isinstance(track, RealServerTrack)
+    assert track.server_versions()["servers"].startswith("docker servegym/vllm-cpu@")
+    dev = track.dev_session(loaded, 0)
+    assert isinstance(dev._server(loaded.task.baseline, "x"), ContainerServer)  # type: ignore[attr-defined]
+    sandbox = LocalSandbox(tmp_path / "ws", model=track.model, isolation="none")
+    assert isinstance(track.launcher_server(sandbox, "start_server.sh", tmp_path / "l.log"),
+                      ContainerLauncherServer)  # fmt: skip
+    local = track_for(loaded, server_logs=tmp_path / "servers")
+    assert local.server_versions() == {}
+    assert not isinstance(local.config_server(ServingConfig(), tmp_path / "y.log"), ContainerServer)  # type: ignore[attr-defined]
+
+    from servegym.sandbox import docker_server
+
+    monkeypatch.setitem(docker_server.ENGINE_IMAGES, "vllm-cpu", "servegym-test/absent")
+    with pytest.raises(UserError, match=r"the image servegym-test/absent is not on this Docker"):
+        track_for(loaded, server_logs=tmp_path / "servers", servers="docker")
