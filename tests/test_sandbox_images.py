@@ -104,3 +104,78 @@ def test_a_build_is_reused_until_its_content_changes(
     assert first.base == LOCAL_BASE and first.digest == again.digest != changed.digest
     assert labels[CONTEXT_LABEL] == changed.digest
     assert (tmp_path / "logs" / "tiny.log").read_text().count("docker") >= 2
+
+
+def _fake_pip(tmp_path: Path, wheel: str | None) -> Path:
+    """A stand-in for ``python -m pip download``: writes ``wheel`` into ``--dest`` (or fails),
+    and counts its calls."""
+    script = tmp_path / "fake-python"
+    make = f"open(os.path.join(dest, {wheel!r}), 'w').write('wheel')" if wheel else "sys.exit(1)"
+    script.write_text(
+        "#!/usr/bin/env python3\n"
+        "import os, sys\n"
+        f"open({str(tmp_path / 'calls')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "dest = sys.argv[sys.argv.index('--dest') + 1]\n"
+        f"{make}\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_host_wheels_fetches_once_for_the_images_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    monkeypatch.setattr(images.sys, "executable", str(_fake_pip(tmp_path, wheel)))
+    monkeypatch.setenv("SERVEGYM_TORCH_INDEX", "https://wheels.example/cpu")
+    cache = tmp_path / "wheels"
+    got = images.host_wheels(("torch==2.13.0+cpu",), cache, tmp_path / "log")
+    again = images.host_wheels(("torch==2.13.0+cpu",), cache, tmp_path / "log")
+    assert got == again == [cache / wheel]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 1  # the second found it in the cache
+    assert "--no-deps" in calls[0] and "--python-version 3.11" in calls[0]
+    assert "--extra-index-url https://wheels.example/cpu" in calls[0]
+    assert calls[0].endswith("torch==2.13.0+cpu")
+    assert sorted(p.name for p in cache.iterdir()) == [wheel]  # no download folder left
+
+
+def test_host_wheels_without_a_source_says_both_ways_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(images.sys, "executable", str(_fake_pip(tmp_path, None)))
+    with pytest.raises(UserError) as err:
+        images.host_wheels(("torch==2.13.0+cpu",), tmp_path / "w", tmp_path / "log")
+    assert "this machine's pip has no wheel of torch==2.13.0+cpu" in err.value.message
+    assert "SERVEGYM_TORCH_INDEX" in err.value.message and "wheels/ folder" in err.value.message
+
+
+def test_the_build_context_holds_the_wheels_and_its_digest_follows_them(tmp_path: Path) -> None:
+    folder = tmp_path / "cpu"
+    (folder / "wheels").mkdir(parents=True)
+    (folder / "Dockerfile").write_text("FROM x\nCOPY wheels/ /tmp/wheels/\n")
+    (folder / "wheels" / "README.md").write_text("wheels here")
+    wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_text("one")
+    with images.build_context(folder, []) as context:
+        assert context == folder  # nothing to add: the folder itself
+        bare = context_digest(context, {})
+    with images.build_context(folder, [wheel]) as context:
+        assert context != folder
+        assert sorted(p.name for p in (context / "wheels").iterdir()) == ["README.md", wheel.name]
+        first = context_digest(context, {})
+    wheel.write_text("two")
+    with images.build_context(folder, [wheel]) as context:
+        second = context_digest(context, {})
+    assert len({bare, first, second}) == 3
+    assert not (folder / "wheels" / wheel.name).exists()  # the source folder is untouched
+
+
+def test_the_cpu_image_takes_the_pinned_torch_from_the_host() -> None:
+    from servegym.engines.cpu_home import TORCH_VERSION
+
+    assert IMAGES["cpu"].wheels == (f"torch=={TORCH_VERSION}",)
+    dockerfile = IMAGES["cpu"].dockerfile.read_text()
+    assert "COPY wheels/ /tmp/wheels/" in dockerfile
+    assert f"/tmp/wheels/torch-{TORCH_VERSION}-*.whl" in dockerfile
+    assert (IMAGES["cpu"].dockerfile.parent / "wheels").is_dir()

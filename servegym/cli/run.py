@@ -22,9 +22,11 @@ from rich.text import Text
 
 from servegym.cli.console import console as stdout_console
 from servegym.cli.options import ProviderTimeoutOption, ProviderTriesOption, given
+from servegym.errors import UserError
 
 if TYPE_CHECKING:
     from servegym.runner.results import TrialResult
+    from servegym.tracks.base import ServerPlace
 
 DEFAULT_OUT = Path("runs")
 
@@ -176,6 +178,13 @@ def render_trial(result: TrialResult, folder: Path | None = None) -> Group:
     return Group(table, gates, *lines)
 
 
+def server_place(sandbox: str) -> ServerPlace:
+    """``--sandbox`` as a track's server place; one line naming the flag otherwise."""
+    if sandbox not in ("local", "docker"):
+        raise UserError(f"--sandbox: '{sandbox}' is not a server sandbox (local, docker)")
+    return "docker" if sandbox == "docker" else "local"
+
+
 def run_trial_command(
     task_id: str,
     agent: str,
@@ -186,16 +195,19 @@ def run_trial_command(
     *,
     tasks_root: Path | None = None,
     agent_options: dict[str, Any] | None = None,
+    sandbox: str = "local",
 ) -> int:
     """Run (or show, when finished and not ``force``) one trial; returns the exit code
     (0; 1 when the harness itself failed). Raises UserError for bad input. ``tasks_root``
-    is where task ids are looked up (default: the shipped tasks)."""
+    is where task ids are looked up (default: the shipped tasks); ``sandbox`` where a real
+    track's servers run (``local`` or ``docker``)."""
     from servegym.agents.base import make_agent
     from servegym.cli.trial_progress import RichTrialProgress
     from servegym.run_folder import TRIAL_FILE
     from servegym.runner.trial import run_trial, trial_folder
     from servegym.tasks.loader import load_task
 
+    servers = server_place(sandbox)
     console = console or Console()
     out_dir = out if out is not None else DEFAULT_OUT
     # Bad names fail here, in one line, before any progress bar is drawn.
@@ -217,6 +229,7 @@ def run_trial_command(
             force,
             progress=RichTrialProgress(progress),
             agent_options=agent_options,
+            servers=servers,
         )
     folder = trial_folder(out_dir, result.task, agent, seed)
     if result.skipped:
@@ -271,6 +284,14 @@ def run(
     ] = None,
     provider_timeout: ProviderTimeoutOption = None,
     provider_tries: ProviderTriesOption = None,
+    sandbox: Annotated[
+        str,
+        typer.Option(
+            "--sandbox",
+            help="cpu and gpu tracks: where the servers run: local (the host's engine "
+            "environment) or docker (containers of the engine's image; see sandbox/README.md)",
+        ),
+    ] = "local",
 ) -> None:
     """Run one trial: the agent works the task within its budget, then its submission is
     scored against the baseline on the hidden scoring workload. Agents: default, random,
@@ -290,6 +311,8 @@ def run(
         provider_timeout_s=provider_timeout,
         provider_tries=provider_tries,
     )
-    code = run_trial_command(task, agent, seed, out, force, stdout_console, agent_options=options)
+    code = run_trial_command(
+        task, agent, seed, out, force, stdout_console, agent_options=options, sandbox=sandbox
+    )
     if code:
         raise typer.Exit(code)

@@ -22,10 +22,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import aiohttp
 from pydantic import BaseModel
@@ -40,7 +40,7 @@ PR_SET_PDEATHSIG = 1
 STOP_GIVE_UP_S = 30.0
 """How long after SIGKILL a stop waits for the process group before it gives up."""
 LOG_TAIL_LINES = 40
-_OOM_PATTERNS = re.compile(
+OOM_PATTERNS = re.compile(
     r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill",
     re.IGNORECASE,
 )
@@ -153,18 +153,9 @@ class ServerProcess:
     def start(self) -> None:
         """Start the process in a new process group, its output to the log file; first
         discard any torn entry of its compile caches (one line each, in the log too)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         inherited = {k: v for k, v in os.environ.items() if k not in self.spec.env_unset}
         env = {**inherited, **self.spec.env} if self.spec.inherit_env else dict(self.spec.env)
-        with self.log_path.open("ab") as log:
-            for folder in self.spec.compile_caches:
-                for discarded in scrub(Path(folder)):
-                    line = discarded.describe()
-                    self.discarded.append(line)
-                    _log.warning("%s", line)
-                    log.write(f"servegym: {line}\n".encode())
-            log.write(f"$ {self.spec.shell_line()}\n".encode())
-            log.flush()
+        with self.begin_log(self.spec.shell_line()) as log:
             try:
                 self.proc = subprocess.Popen(
                     self.spec.argv,
@@ -187,13 +178,29 @@ class ServerProcess:
         self.pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
         self._started_at = time.monotonic()
 
+    @contextlib.contextmanager
+    def begin_log(self, command: str) -> Iterator[BinaryIO]:
+        """The log file, open for appending, after the torn entries of the compile caches
+        were discarded (one line each) and ``command`` was written as ``$ COMMAND``."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            for folder in self.spec.compile_caches:
+                for discarded in scrub(Path(folder)):
+                    line = discarded.describe()
+                    self.discarded.append(line)
+                    _log.warning("%s", line)
+                    log.write(f"servegym: {line}\n".encode())
+            log.write(f"$ {command}\n".encode())
+            log.flush()
+            yield log
+
     async def wait_ready(self) -> float:
         """Wait until every :data:`READY_PATHS` answers 200; return the seconds it took.
 
         Raises :class:`ServerCrashed` if the process exits first, and
         :class:`ServerStartTimeout` (after stopping it) if the timeout passes.
         """
-        assert self.proc is not None, "start() first"
+        assert self.started, "start() first"
         deadline = self._started_at + self.start_timeout_s
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -241,7 +248,7 @@ class ServerProcess:
             return None
         tail = read_tail(self.log_path)
         sig = _signal_name(rc)
-        oom = bool(_OOM_PATTERNS.search(tail))
+        oom = bool(OOM_PATTERNS.search(tail))
         self._exit = ExitInfo(
             returncode=rc,
             signal=sig,
@@ -252,9 +259,19 @@ class ServerProcess:
         )
         return self._exit
 
+    def leader_pid(self) -> int | None:
+        """The pid, in this machine's process table, of the server's first process (its
+        tree is what the harness inspects); None before it started."""
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` started it (a subclass may run it elsewhere than ``proc``)."""
+        return self.proc is not None
+
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.poll() is None
+        return self.started and self.poll() is None
 
     async def wait_exit(self, interval_s: float = 0.2) -> ExitInfo:
         """Return when the process exits (for a watcher running beside a benchmark)."""

@@ -70,6 +70,10 @@ class ServedRun(BaseModel):
 class ManagedServer:
     """A server for one config on a free port: ``async with ManagedServer(...) as s``."""
 
+    runs_launcher = False
+    """Whether a workspace's launcher, not the harness, chose the server's command (its
+    processes are then checked for the pinned environment)."""
+
     def __init__(
         self,
         engine: Engine,
@@ -95,6 +99,10 @@ class ManagedServer:
         """Raise ConfigRejected for a config the engine's table refuses."""
         self.engine.check(self.config)
 
+    def new_process(self, spec: LaunchSpec) -> ServerProcess:
+        """The process that runs ``spec`` (a container's, in the Docker sandbox's subclass)."""
+        return ServerProcess(spec, self.log_path, start_timeout_s=self.start_timeout_s)
+
     @property
     def label(self) -> str:
         return self.engine.name
@@ -111,7 +119,7 @@ class ManagedServer:
         while True:
             port = self.port if self.port is not None else free_port()
             spec = self.spec(port)
-            proc = ServerProcess(spec, self.log_path, start_timeout_s=self.start_timeout_s)
+            proc = self.new_process(spec)
             self.process = proc
             proc.start()
             try:
@@ -148,6 +156,8 @@ class ScriptServer(ManagedServer):
     """A server started by a workspace's launcher script in a sandbox (the real tracks'
     submissions): the same lifecycle as a config's server, with no table to check (what
     the script runs is the agent's business; whether it serves honestly is measured)."""
+
+    runs_launcher = True
 
     def __init__(
         self,

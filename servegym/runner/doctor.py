@@ -204,7 +204,10 @@ def diagnose(facts: HostFacts) -> Diagnosis:
                     here,
                     "present" if here else "not built",
                     (),
-                    f"docker build -t {image} {folder}",
+                    # the cpu image takes the host's torch wheel, which a plain build cannot
+                    "servegym setup images cpu"
+                    if folder == "sandbox/cpu"
+                    else f"docker build -t {image} {folder}",
                 )
             )
     for track, need in MIN_FREE_GIB.items():

@@ -80,7 +80,7 @@ from servegym.scoring.integrity import Finding
 from servegym.tasks.loader import LoadedTask, load_task
 from servegym.tasks.secrets import scoring_seed
 from servegym.tracks import track_for
-from servegym.tracks.base import Track
+from servegym.tracks.base import ServerPlace, Track
 
 TRAJECTORY_FILE = "trajectory.jsonl"
 SERVER_LOGS = "servers"
@@ -212,6 +212,7 @@ def run_trial(
     agent_options: dict[str, Any] | None = None,
     in_sweep: bool = False,
     agent: Agent | None = None,
+    servers: ServerPlace = "local",
 ) -> TrialResult:
     """Run one trial (or return the finished one, unless ``force``): prepare, the agent
     phase, the final evaluation, the results.
@@ -228,6 +229,10 @@ def run_trial(
 
     ``agent``, when given, is the agent already made (an integration that drives the agent
     from outside, such as the Inspect AI tasks); ``agent_name`` then only names the trial.
+
+    ``servers`` is where a real track runs its servers (``docker``: containers of the
+    engine's image; ``versions`` in ``trial.json`` then names the image). The trial's folder
+    does not say it: give a docker trial its own ``out_dir``.
     """
     loaded = task if isinstance(task, LoadedTask) else load_task(task, tasks_root)
     check_track_ready(loaded)
@@ -257,7 +262,7 @@ def run_trial(
         # a finished result stays in place until the re-run is complete
         folder = staged(final) if done is not None else final
         try:
-            result = _run_in(loaded, agent, agent_name, seed, out_dir, folder, progress)
+            result = _run_in(loaded, agent, agent_name, seed, out_dir, folder, progress, servers)
         except BaseException:
             if folder != final:  # the re-run did not finish: the old result stands
                 shutil.rmtree(folder, ignore_errors=True)
@@ -275,6 +280,7 @@ def _run_in(
     out_dir: Path,
     folder: Path,
     progress: TrialProgress | None,
+    servers: ServerPlace = "local",
 ) -> TrialResult:
     """The trial, written to ``folder`` (``trial.json`` last)."""
     prepare_folder(folder)
@@ -284,7 +290,7 @@ def _run_in(
 
     started_at = now_iso()
     t0 = time.perf_counter()
-    track = track_for(loaded, server_logs=folder / SERVER_LOGS)
+    track = track_for(loaded, server_logs=folder / SERVER_LOGS, servers=servers)
     phase = agent_phase(loaded, track, agent, agent_name, seed, out_dir, folder, prog)
     t_agent = time.perf_counter() - t0
     env = phase.env
@@ -327,7 +333,7 @@ def _run_in(
         process=process,
         budget=_budget(env),
         scoring_seed=scoring,
-        versions=versions(),
+        versions={**versions(), **track.server_versions()},
         started_at=started_at,
         agent_outcome=agent.trial_outcome(),
         agent_cost=agent.trial_cost(),

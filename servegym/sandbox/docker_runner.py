@@ -6,7 +6,10 @@ function, the part the unit tests check); :class:`DockerRunner` starts it and ha
 :class:`RunningContainer` that streams its logs to a file, reports its exit (and whether the
 kernel's OOM killer ended it), and stops it: SIGTERM, SIGKILL after a timeout, then removal.
 
-Containers get no network unless a port must be published, see the model read-only under
+Containers get no network unless a port must be published, or the harness must reach a
+port of theirs without giving them the outside: ``network="internal"`` attaches them to
+:data:`INTERNAL_NETWORK`, a Docker network with no route out, whose addresses this host
+reaches (:meth:`RunningContainer.address`). They see the model read-only under
 ``/models/<name>``, and carry the label ``servegym=1`` so that leftovers of a crashed harness
 can be found and removed (:meth:`DockerRunner.cleanup_leftovers`). The images themselves are
 built from ``sandbox/`` at the repository root (see ``sandbox/README.md``).
@@ -45,6 +48,10 @@ MODELS_ROOT = "/models"
 WORKSPACE = "/workspace"
 """The workspace folder, when given, is mounted read-write here."""
 DEFAULT_ENDPOINT = "unix:///var/run/docker.sock"
+INTERNAL_NETWORK = "servegym-internal"
+"""The Docker network of ``network="internal"`` containers: ``--internal``, so it has no
+route beyond this host (no egress, no DNS), while this host reaches its containers'
+addresses. Made on first use, labelled ``servegym=1``."""
 
 _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.IGNORECASE)
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -88,8 +95,10 @@ class ContainerSpec(BaseModel):
     name: str | None = None
     gpus: PositiveInt | Literal["all"] | None = None
     """GPUs to grant: a count, ``"all"``, or none (no GPU device at all)."""
-    network: Literal["none", "bridge"] = "none"
-    """``"none"``: no network at all (the default); ``"bridge"``: needed to publish a port."""
+    network: Literal["none", "bridge", "internal"] = "none"
+    """``"none"``: no network at all (the default); ``"bridge"``: needed to publish a port;
+    ``"internal"``: on :data:`INTERNAL_NETWORK`, reached by this host at the container's
+    address, with no route beyond this host."""
     ports: dict[int, int] = Field(default_factory=dict)
     """Container port -> host port (0: any free host port); only with ``network="bridge"``."""
     host_ip: str = "127.0.0.1"
@@ -105,6 +114,9 @@ class ContainerSpec(BaseModel):
     shm_size: str | None = None
     """Size of ``/dev/shm``, e.g. ``"8g"`` (PyTorch workers share tensors through it)."""
     labels: dict[str, str] = Field(default_factory=dict)
+    user: str | None = None
+    """``UID[:GID]`` to run as (None: the image's user), e.g. the host user's, so that what
+    the container writes into a mounted folder is the host user's to remove."""
 
     @field_validator("mem_limit", "shm_size")
     @classmethod
@@ -143,10 +155,15 @@ class ContainerSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ContainerSpec:
-        if self.ports and self.network == "none":
+        if self.ports and self.network != "bridge":
             raise ValueError(
-                "ports: publishing a port needs network='bridge'; "
-                "with network='none' the container has no network at all"
+                f"ports: publishing a port needs network='bridge'; with network="
+                f"'{self.network}' "
+                + (
+                    "the container has no network at all"
+                    if self.network == "none"
+                    else "this host reaches the container's own address"
+                )
             )
         if self.model_dir is not None and not self.model_dir.name:
             raise ValueError(f"model_dir: '{self.model_dir}' has no folder name to mount it as")
@@ -189,7 +206,7 @@ def container_kwargs(spec: ContainerSpec) -> dict[str, object]:
         "init": True,  # a tiny init as PID 1: forwards SIGTERM to the server, reaps children
         "environment": dict(spec.env),
         "labels": {**spec.labels, LABEL: LABEL_VALUE, OWNER_LABEL: owner()},
-        "network_mode": spec.network,
+        "network_mode": INTERNAL_NETWORK if spec.network == "internal" else spec.network,
         "stop_signal": "SIGTERM",
         # Mounts, not "volumes": a volume is written HOST:CONTAINER:MODE, which a host path
         # with a colon in it (a trial folder named after "claude-code:MODEL") breaks.
@@ -202,6 +219,8 @@ def container_kwargs(spec: ContainerSpec) -> dict[str, object]:
         kwargs["entrypoint"] = list(spec.entrypoint)
     if spec.name is not None:
         kwargs["name"] = spec.name
+    if spec.user is not None:
+        kwargs["user"] = spec.user
     if spec.gpus is not None:
         count = -1 if spec.gpus == "all" else spec.gpus
         kwargs["device_requests"] = [
@@ -319,6 +338,27 @@ class RunningContainer:
             except _ENGINE_ERRORS as err:  # the engine went away or the container was removed
                 self.log_error = _one_line(err)
 
+    def host_pid(self) -> int | None:
+        """The pid of the container's first process in this host's process table (None
+        once it stopped, or where the engine runs elsewhere, e.g. in a VM)."""
+        try:
+            self._container.reload()
+        except docker.errors.NotFound:
+            return None
+        pid = int((self._container.attrs.get("State") or {}).get("Pid") or 0)
+        if pid <= 0 or not Path(f"/proc/{pid}").exists():
+            return None
+        return pid
+
+    def address(self) -> str | None:
+        """The container's IPv4 address on its network (None with ``network="none"``)."""
+        self._container.reload()
+        networks = (self._container.attrs.get("NetworkSettings") or {}).get("Networks") or {}
+        for net in networks.values():
+            if (net or {}).get("IPAddress"):
+                return str(net["IPAddress"])
+        return None
+
     def exit_status(self) -> ExitStatus | None:
         """None while the container runs; else its exit code and whether it was OOM-killed."""
         if self._final is not None:
@@ -429,6 +469,8 @@ class DockerRunner:
             if not mount.host.exists():
                 raise UserError(f"cannot mount '{mount.host}' at '{mount.container}': not found")
         self._ensure_image(client, spec.image)
+        if spec.network == "internal":
+            self.ensure_internal_network()
         try:
             container = client.containers.create(**container_kwargs(spec))
         except docker.errors.ImageNotFound as err:
@@ -447,6 +489,25 @@ class DockerRunner:
                 container.remove(force=True, v=True)
             raise UserError(self._start_failure(spec, message)) from err
         return RunningContainer(container, spec, self._log_stream_api())
+
+    def ensure_internal_network(self) -> str:
+        """:data:`INTERNAL_NETWORK` on the engine, made when absent; its name."""
+        client = self.client()
+        try:
+            if client.networks.list(names=[INTERNAL_NETWORK]):
+                return INTERNAL_NETWORK
+            client.networks.create(
+                INTERNAL_NETWORK, driver="bridge", internal=True,
+                labels={LABEL: LABEL_VALUE}, check_duplicate=True,
+            )  # fmt: skip
+        except docker.errors.APIError as err:
+            if "already exists" not in _api_message(err):  # made meanwhile by another harness
+                raise UserError(
+                    f"docker could not make the network {INTERNAL_NETWORK}: {_api_message(err)}"
+                ) from err
+        except _ENGINE_ERRORS as err:
+            raise UserError(self._unreachable(err)) from err
+        return INTERNAL_NETWORK
 
     def _log_stream_api(self) -> Any:
         """For the runner's own client: a second one without a read timeout, for log streams."""

@@ -7,11 +7,17 @@ machine instead (:func:`ensure_local_base`: ``debootstrap`` into a folder, then 
 import``; Debian's packages come from its mirror) and the Dockerfile adds what the usual base
 would have had.
 
-A built image carries the label ``servegym.context``: a digest of its folder's files, its
-build arguments and its base image's id (:func:`context_digest`). :func:`ensure_image`
-builds only when the image on the engine lacks that digest, so a second run (or CI's next
-run on the same machine) reuses it; a change to the Dockerfile, a pinned version or the base
-rebuilds it.
+An image may take wheels from the host (:attr:`Recipe.wheels`): the cpu image's torch is
+the CPU build that only the PyTorch wheel index serves, which a machine without a registry
+may not reach although its own pip has the wheel (a local wheel folder or index). The
+host's pip fetches them (:func:`host_wheels`, cached under the data directory) into the
+``wheels/`` folder of a copy of the image's folder, which is what is built.
+
+A built image carries the label ``servegym.context``: a digest of its build context's files
+(wheels included), its build arguments and its base image's id (:func:`context_digest`).
+:func:`ensure_image` builds only when the image on the engine lacks that digest, so a second
+run (or CI's next run on the same machine) reuses it; a change to the Dockerfile, a pinned
+version, a wheel or the base rebuilds it.
 
 The ``docker`` command does the work (it streams a build's output, which goes to a log file);
 the Docker SDK only looks images up.
@@ -19,20 +25,24 @@ the Docker SDK only looks images up.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 
+from servegym.engines.cpu_home import TORCH_VERSION
 from servegym.errors import UserError
 from servegym.paths import data_dir, servegym_home
 
@@ -46,6 +56,11 @@ LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
 CA_ENV = "SERVEGYM_EXTRA_CA_CERTS"
 PULL_TIMEOUT_S = 120.0
 BUILD_TIMEOUT_S = 3600.0
+WHEEL_TIMEOUT_S = 900.0
+INDEX_ENV = "SERVEGYM_TORCH_INDEX"
+"""An extra wheel index for the host's pip (as for ``servegym setup cpu``)."""
+IMAGE_PYTHON = "3.11"
+"""The Python of the images that take wheels (``python:3.11-slim``, Debian bookworm's)."""
 
 Say = Callable[[str], None]
 
@@ -55,10 +70,12 @@ _BASE_ARG = re.compile(r"^ARG BASE=(\S+)\s*$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class Recipe:
-    """One image of ``sandbox/``: its folder and its tag."""
+    """One image of ``sandbox/``: its folder, its tag, and the requirements (``name==version``)
+    whose wheels the host's pip puts into its context's ``wheels/`` folder."""
 
     folder: str
     tag: str
+    wheels: tuple[str, ...] = ()
 
     @property
     def dockerfile(self) -> Path:
@@ -79,7 +96,7 @@ class Recipe:
 
 IMAGES: dict[str, Recipe] = {
     "cli-agents": Recipe("cli-agents", "servegym/cli-agents"),
-    "cpu": Recipe("cpu", "servegym/vllm-cpu"),
+    "cpu": Recipe("cpu", "servegym/vllm-cpu", wheels=(f"torch=={TORCH_VERSION}",)),
     "vllm": Recipe("vllm", "servegym/vllm"),
     "sglang": Recipe("sglang", "servegym/sglang"),
 }
@@ -138,6 +155,87 @@ def extra_ca_certs(environ: Mapping[str, str] | None = None) -> str:
         except (OSError, UnicodeDecodeError):
             continue
     return "\n".join(p for p in pems if p)
+
+
+def _wheel_prefix(requirement: str) -> str:
+    """``name==version`` as the start of its wheels' file names (``torch-2.13.0+cpu-``)."""
+    name, sep, version = requirement.partition("==")
+    if not sep or not name.strip() or not version.strip():
+        raise ValueError(f"wheel requirement '{requirement}' is not NAME==VERSION")
+    return f"{re.sub(r'[-_.]+', '_', name.strip()).lower()}-{version.strip()}-"
+
+
+def _have_wheel(folder: Path, requirement: str) -> Path | None:
+    prefix = _wheel_prefix(requirement)
+    found = sorted(p for p in folder.glob("*.whl") if p.name.lower().startswith(prefix.lower()))
+    return found[0] if found else None
+
+
+def host_wheels(
+    requirements: tuple[str, ...],
+    folder: Path,
+    log: Path,
+    *,
+    say: Say | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """A wheel of each requirement in ``folder``, fetched where missing by this machine's pip
+    (``pip download --no-deps``, for the images' CPython :data:`IMAGE_PYTHON` on this
+    machine's architecture), with its own configuration (local wheel folders and indexes)
+    and ``$SERVEGYM_TORCH_INDEX`` as an extra index. A UserError naming both ways out when
+    pip cannot get one."""
+    env = os.environ if environ is None else environ
+    folder.mkdir(parents=True, exist_ok=True)
+    out: list[Path] = []
+    for requirement in requirements:
+        have = _have_wheel(folder, requirement)
+        if have is None:
+            if say:
+                say(f"fetching a wheel of {requirement} with this machine's pip")
+            extra = env.get(INDEX_ENV, "").strip()
+            machine = platform.machine().lower() or "x86_64"
+            with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+                argv = [
+                    sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+                    "--no-deps", "--only-binary=:all:", "--implementation", "cp",
+                    "--python-version", IMAGE_PYTHON, "--platform", f"manylinux_2_28_{machine}",
+                    "--dest", tmp, *(["--extra-index-url", extra] if extra else []), requirement,
+                ]  # fmt: skip
+                try:
+                    _run_logged(argv, log, WHEEL_TIMEOUT_S, f"pip download {requirement}")
+                except UserError as err:
+                    raise UserError(
+                        f"{err.message}; this machine's pip has no wheel of {requirement}: "
+                        f"name an index that has one in ${INDEX_ENV}, or put the wheel into "
+                        f"the image's wheels/ folder (see sandbox/README.md)"
+                    ) from None
+                got = _have_wheel(Path(tmp), requirement)
+                if got is None:
+                    raise UserError(f"pip download {requirement} left no wheel of it (log: {log})")
+                have = folder / got.name
+                got.replace(have)  # whole or not at all
+        out.append(have)
+    return out
+
+
+@contextlib.contextmanager
+def build_context(folder: Path, wheels: list[Path]) -> Iterator[Path]:
+    """``folder`` itself when no wheel is added; else a temporary copy of it with
+    ``wheels`` in its ``wheels/`` folder (hard links where the file system allows)."""
+    if not wheels:
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="servegym-context-") as tmp:
+        context = Path(tmp) / folder.name
+        shutil.copytree(folder, context)
+        (context / "wheels").mkdir(exist_ok=True)
+        for wheel in wheels:
+            target = context / "wheels" / wheel.name
+            try:
+                os.link(wheel, target)
+            except OSError:
+                shutil.copy2(wheel, target)
+        yield context
 
 
 def _image(client: Any, tag: str) -> Any | None:
@@ -281,15 +379,17 @@ def ensure_image(
     if "ARG EXTRA_CA_CERTS" in recipe.dockerfile.read_text(encoding="utf-8"):
         args["EXTRA_CA_CERTS"] = extra_ca_certs()
     args.update(build_args or {})
-    digest = context_digest(folder, args, str(getattr(base_image, "id", "")))
-    have = _image(client, recipe.tag)
-    labels = ((getattr(have, "attrs", None) or {}).get("Config") or {}).get("Labels") or {}
-    if labels.get(CONTEXT_LABEL) == digest:
-        return BuildReport(name, recipe.tag, chosen, digest, True, time.monotonic() - t0)
-    if say:
-        say(f"building {recipe.tag} on {chosen} (log: {log})")
-    argv = [_docker(), "build", "--label", f"{CONTEXT_LABEL}={digest}", "-t", recipe.tag]
-    for key, value in sorted(args.items()):
-        argv += ["--build-arg", f"{key}={value}"]
-    _run_logged([*argv, str(folder)], log, BUILD_TIMEOUT_S, f"building {recipe.tag}")
+    wheels = host_wheels(recipe.wheels, servegym_home() / "images" / "wheels" / name, log, say=say)
+    with build_context(folder, wheels) as context:
+        digest = context_digest(context, args, str(getattr(base_image, "id", "")))
+        have = _image(client, recipe.tag)
+        labels = ((getattr(have, "attrs", None) or {}).get("Config") or {}).get("Labels") or {}
+        if labels.get(CONTEXT_LABEL) == digest:
+            return BuildReport(name, recipe.tag, chosen, digest, True, time.monotonic() - t0)
+        if say:
+            say(f"building {recipe.tag} on {chosen} (log: {log})")
+        argv = [_docker(), "build", "--label", f"{CONTEXT_LABEL}={digest}", "-t", recipe.tag]
+        for key, value in sorted(args.items()):
+            argv += ["--build-arg", f"{key}={value}"]
+        _run_logged([*argv, str(context)], log, BUILD_TIMEOUT_S, f"building {recipe.tag}")
     return BuildReport(name, recipe.tag, chosen, digest, False, time.monotonic() - t0, log)

@@ -14,7 +14,7 @@ from pathlib import Path
 from servegym.engines.base import Engine, ModelRef
 from servegym.sandbox.local import Isolation
 from servegym.tasks.loader import LoadedTask
-from servegym.tracks.base import TRACKS, Track, TrackSetup, register_track
+from servegym.tracks.base import TRACKS, ServerPlace, Track, TrackSetup, register_track
 
 
 def track_for(
@@ -24,12 +24,16 @@ def track_for(
     engine: Engine | None = None,
     model: ModelRef | None = None,
     isolation: Isolation = "auto",
+    servers: ServerPlace = "local",
 ) -> Track:
     """The track of ``loaded``. Real tracks write their servers' logs under
     ``server_logs`` (required there) and start ``engine`` serving ``model`` (default: the
-    task's; tests pass stand-ins)."""
-    setup = TrackSetup(server_logs=server_logs, engine=engine, model=model, isolation=isolation)
+    task's; tests pass stand-ins), ``servers`` saying where (``docker``: in containers of
+    the engine's image). A track that runs no server refuses ``docker`` in one line."""
+    setup = TrackSetup(
+        server_logs=server_logs, engine=engine, model=model, isolation=isolation, servers=servers
+    )
     return TRACKS.get(loaded.task.track).for_task(loaded, setup)
 
 
-__all__ = ["TRACKS", "Track", "TrackSetup", "register_track", "track_for"]
+__all__ = ["TRACKS", "ServerPlace", "Track", "TrackSetup", "register_track", "track_for"]

@@ -147,17 +147,23 @@ class EvaluationSession(ABC):
         """Stop everything the session started."""
 
 
+ServerPlace = Literal["local", "docker"]
+"""Where a real track runs its servers: from the host's environment, or in containers."""
+
+
 @dataclass(frozen=True)
 class TrackSetup:
     """Where and with what a track runs, as the caller says: real tracks write their
     servers' logs under ``server_logs`` (a trial's ``servers/`` folder) and start ``engine``
     serving ``model`` (None: the task's; tests pass stand-ins), a workspace submission in a
-    sandbox of ``isolation``. The simulator needs none of it."""
+    sandbox of ``isolation``; ``servers`` says where their servers run. The simulator needs
+    none of it."""
 
     server_logs: Path | None = None
     engine: Engine | None = None
     model: ModelRef | None = None
     isolation: Isolation = "auto"
+    servers: ServerPlace = "local"
 
 
 class Track(ABC):
@@ -178,6 +184,11 @@ class Track(ABC):
         pipeline task's: wrapped with the pipeline plug-in that runs on it). Default: the
         class made without arguments."""
         return cls()
+
+    def server_versions(self) -> dict[str, str]:
+        """What the track ran its servers in, where that is not the host's environment (a
+        docker trial's image), for ``versions`` in ``trial.json``. Default: nothing."""
+        return {}
 
     @classmethod
     def preflight(cls, loaded: LoadedTask) -> None:

@@ -22,6 +22,13 @@ replaying one sample would let a server's prefix cache answer pairs 2 onwards fr
 1's prompts. The score is the geometric mean of the pairs' improvement ratios with its
 bootstrap interval.
 
+Where servers run (:attr:`TrackSetup.servers`): ``local``, from the host's environment of the
+engine (``servegym setup cpu``); or ``docker``, each config's or launcher's server in a
+container of the engine's sandbox image
+(:class:`~servegym.sandbox.docker_server.ContainerServer`; ``servegym run --sandbox docker``),
+the model mounted read-only, no network beyond this host, memory and CPU limits. The reference
+server (the harness's check, not a measured side) runs from the host's environment either way.
+
 A submission is a config (the search baselines' and a model agent's on the sim track) or a
 workspace snapshot (:class:`~servegym.engines.launcher.LauncherSubmission`): that one is copied
 into a fresh folder and its ``start_server.sh`` started in a fresh sandbox, from the
@@ -89,6 +96,7 @@ from servegym.tracks.base import (
     EvaluationSession,
     Role,
     SampleInfo,
+    ServerPlace,
     SideCrashed,
     StartedSide,
     Track,
@@ -125,7 +133,8 @@ class RealServerTrack(Track):
     """Real servers of the task's engine and model (see the module docstring). ``engine``
     and ``model`` default to the task's (tests pass stand-ins); ``server_logs`` is the
     trial's folder of server logs; ``isolation`` the sandbox's for a workspace
-    submission."""
+    submission; ``servers`` where the measured servers run (``docker``: checked here, so a
+    missing image is one line before anything starts)."""
 
     def __init__(
         self,
@@ -135,20 +144,63 @@ class RealServerTrack(Track):
         engine: Engine | None = None,
         model: ModelRef | None = None,
         isolation: Isolation = "auto",
+        servers: ServerPlace = "local",
     ) -> None:
         self.name = loaded.task.track
         self.engine = engine if engine is not None else get_engine(loaded.task.engines[0])
         self.model: ModelRef = model if model is not None else resolve_model(loaded.task.model)
         self.server_logs = server_logs
         self.isolation: Isolation = isolation
+        self.servers: ServerPlace = servers
+        self.start_timeout_s = loaded.task.evaluation.start_timeout_s
+        self.image = ""
+        """``IMAGE@ID`` of the containers' image (``servers="docker"``)."""
+        if servers == "docker":
+            from servegym.sandbox.docker_server import check_docker_ready
+
+            self.image = check_docker_ready(self.engine, self.model)
+
+    def server_versions(self) -> dict[str, str]:
+        return {"servers": f"docker {self.image}"} if self.image else {}
+
+    def config_server(self, config: ServingConfig, log_path: Path) -> ManagedServer:
+        """The server of ``config``, where this track runs its servers."""
+        if self.servers == "docker":
+            from servegym.sandbox.docker_server import ContainerServer
+
+            return ContainerServer(
+                self.engine, config, self.model, log_path, start_timeout_s=self.start_timeout_s
+            )
+        return ManagedServer(
+            self.engine, config, self.model, log_path, start_timeout_s=self.start_timeout_s
+        )
+
+    def launcher_server(self, sandbox: LocalSandbox, script: str, log_path: Path) -> ManagedServer:
+        """The server a workspace's ``script`` starts (in ``sandbox``'s folder), where this
+        track runs its servers."""
+        if self.servers == "docker":
+            from servegym.sandbox.docker_server import ContainerLauncherServer
+
+            return ContainerLauncherServer(
+                self.engine, sandbox.root, script, self.model, log_path,
+                env=self.engine.pinned_env(), start_timeout_s=self.start_timeout_s,
+            )  # fmt: skip
+        return ScriptServer(
+            sandbox, script, self.model, log_path, start_timeout_s=self.start_timeout_s
+        )
 
     @classmethod
     def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
         if setup.server_logs is None:
             raise ValueError(f"task {loaded.id}: a {loaded.task.track}-track needs server_logs")
+        if loaded.task.pipeline is not None and setup.servers != "local":
+            raise UserError(
+                f"--sandbox {setup.servers}: task {loaded.id} is a pipeline task, whose "
+                "servers run from the host's environment only"
+            )
         servers = cls(
             loaded, server_logs=setup.server_logs, engine=setup.engine, model=setup.model,
-            isolation=setup.isolation,
+            isolation=setup.isolation, servers=setup.servers,
         )  # fmt: skip
         if loaded.task.pipeline is None:
             return servers
@@ -177,6 +229,7 @@ class RealEvaluation(EvaluationSession):
 
     def __init__(self, track: RealServerTrack, loaded: LoadedTask, scoring_seed: int) -> None:
         self.loaded = loaded
+        self.track = track
         self.task = task = loaded.task
         self.engine = track.engine
         self.model = track.model
@@ -235,10 +288,8 @@ class RealEvaluation(EvaluationSession):
         )
 
     async def start_baseline(self) -> StartedSide:
-        server = ManagedServer(
-            self.engine, self.task.baseline, self.model, self.server_logs / "eval-baseline.log",
-            start_timeout_s=self.task.evaluation.start_timeout_s,
-        )  # fmt: skip
+        log = self.server_logs / "eval-baseline.log"
+        server = self.track.config_server(self.task.baseline, log)
         self.sides["baseline"] = self._side(server, None, None)
         proc, error = await _start(server)
         if proc is None:
@@ -248,7 +299,6 @@ class RealEvaluation(EvaluationSession):
 
     async def start_submission(self, submission: Any) -> StartedSide:
         task, model = self.task, self.model
-        start_timeout = task.evaluation.start_timeout_s
         sub_log = self.server_logs / "eval-submission.log"
         server: ManagedServer
         if isinstance(submission, ExternalServer):
@@ -257,23 +307,21 @@ class RealEvaluation(EvaluationSession):
             # a fresh sandbox around a fresh copy of the submitted files alone
             root = fresh_workspace(Path(submission.path), self.eval_workspace)
             sandbox = workspace_sandbox(task, self.engine, model, root, isolation=self.isolation)
-            server = ScriptServer(
-                sandbox, submission.script, model, sub_log, start_timeout_s=start_timeout
-            )
+            server = self.track.launcher_server(sandbox, submission.script, sub_log)
         else:
             assert isinstance(submission, ServingConfig)
             config = ServingConfig.model_validate(submission.model_dump())
-            server = ManagedServer(
-                self.engine, config, model, sub_log, start_timeout_s=start_timeout
-            )
+            server = self.track.config_server(config, sub_log)
         self.sides["submission"] = self._side(server, None, None)
-        if not isinstance(server, AttachedServer):
+        if not isinstance(server, AttachedServer) and self.track.servers == "local":
+            # (a container's network has no route out: its own guard; and the harness's
+            # requests reach it from the bridge's address, which the watch would count)
             self.egress = EgressWatch(partial(_leader, server))
             self.egress_task = asyncio.create_task(self.egress.run())
         proc, error = await _start(server)
         leader = _leader(server)
         pinned = self.engine.pinned_env()
-        if isinstance(server, ScriptServer) and leader is not None and pinned:
+        if server.runs_launcher and leader is not None and pinned:
             tree = descendants(leader)
             changed = unpinned(tree, pinned)
             if changed:
@@ -450,8 +498,7 @@ async def _start(server: ManagedServer) -> tuple[ServerProcess | None, str | Non
 
 
 def _leader(server: ManagedServer) -> int | None:
-    proc = server.process.proc if server.process is not None else None
-    return proc.pid if proc is not None else None
+    return server.process.leader_pid() if server.process is not None else None
 
 
 # --------------------------------------------------------------------------- agent phase
@@ -482,6 +529,7 @@ class RealDevSession(DevSession):
         if problem is not None:
             raise UserError(f"task {task.id}: {problem}")
         self.loaded = loaded
+        self.track = track
         self.task = task
         self.engine = track.engine
         self.model = track.model
@@ -519,10 +567,7 @@ class RealDevSession(DevSession):
         return self._references[quick]
 
     def _server(self, config: ServingConfig, name: str) -> ManagedServer:
-        return ManagedServer(
-            self.engine, config, self.model, self.server_logs / f"{name}.log",
-            start_timeout_s=self.task.evaluation.start_timeout_s,
-        )  # fmt: skip
+        return self.track.config_server(config, self.server_logs / f"{name}.log")
 
     def _benchmark(self, managed: ManagedServer, quick: bool) -> ServedRun:
         options = RunOptions(
@@ -562,11 +607,9 @@ class RealDevSession(DevSession):
         self, workspace: DevWorkspace, quick: bool, index: int, baseline: DevBaseline
     ) -> DevRun:
         started = time.monotonic()
-        managed = ScriptServer(
-            workspace.sandbox, LAUNCHER, self.model,
-            self.server_logs / f"experiment-{index:03d}.log",
-            start_timeout_s=self.task.evaluation.start_timeout_s,
-        )  # fmt: skip
+        managed = self.track.launcher_server(
+            workspace.sandbox, LAUNCHER, self.server_logs / f"experiment-{index:03d}.log"
+        )
         run = self._measured(managed, quick, started)
         if run.measurement is not None and run.tail is None:
             # the agent's own server: it gets its log's tail even when all went well

@@ -135,6 +135,11 @@ class SimTrack(Track):
 
     @classmethod
     def for_task(cls, loaded: LoadedTask, setup: TrackSetup) -> Track:
+        if setup.servers != "local":
+            raise UserError(
+                f"--sandbox {setup.servers}: task {loaded.id} is on the simulator, which "
+                "starts no server (the sandbox is for the cpu and gpu tracks)"
+            )
         return SimPipelineTrack() if loaded.task.pipeline is not None else cls()
 
     @classmethod
