@@ -9,8 +9,8 @@ from pathlib import Path
 from test_agents_baselines import ACCURACY, FakeEnv
 
 from servegym.agents.base import agent_names, make_agent
-from servegym.agents.checklist import ChecklistAgent, effective_baseline, moves
-from servegym.agents.search_space import load_search_space
+from servegym.agents.checklist import ChecklistAgent, Move, effective_baseline, moves
+from servegym.agents.search_space import SearchSpace, load_search_space
 from servegym.engines.config import ServingConfig
 from servegym.runner.trial import run_trial
 
@@ -71,6 +71,22 @@ def test_checklist_is_deterministic_and_stops_on_the_budget() -> None:
     ChecklistAgent().run(short, seed=0)
     assert len(short.measured) == 3 and short.exhausted_calls == 1
     assert short.submissions[-1] == short.best_legal()[0]
+
+
+def test_a_variant_adds_its_own_moves() -> None:
+    """``checklist_moves`` is where a variant (``benchmarks/checklist_threat.py``) adds a
+    move: it is measured like the others; the checklist itself never tries it."""
+
+    class SmallerBudget(ChecklistAgent):
+        def checklist_moves(self, space: SearchSpace) -> list[Move]:
+            option = {"enable_chunked_prefill": True, "max_num_batched_tokens": 384}
+            return [*super().checklist_moves(space), Move("smaller step budget", (option,))]
+
+    plain, variant = FakeEnv(budget=60), FakeEnv(budget=60)
+    ChecklistAgent().run(plain, seed=0)
+    SmallerBudget().run(variant, seed=0)
+    assert all(c.max_num_batched_tokens != 384 for c, _ in plain.measured)
+    assert any(c.max_num_batched_tokens == 384 for c, _ in variant.measured)
 
 
 def test_effective_baseline_reads_engine_defaults() -> None:

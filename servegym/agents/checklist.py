@@ -189,6 +189,11 @@ class ChecklistAgent(AgentBase):
             log.info("checklist: ended early: %s", e)
         tracker.finish()
 
+    def checklist_moves(self, space: SearchSpace) -> list[Move]:
+        """The moves to try, in order (a variant may add its own: see
+        ``benchmarks/checklist_threat.py``)."""
+        return moves(space, self.base)
+
     def _run(self, space: SearchSpace, baseline: ServingConfig, tracker: Tracker) -> None:
         base_score = tracker.measure(baseline)
 
@@ -200,7 +205,7 @@ class ChecklistAgent(AgentBase):
             return tracker.measure(config)
 
         helped: list[tuple[float, str, Params]] = []
-        for move in moves(space, self.base):
+        for move in self.checklist_moves(space):
             best: tuple[float, Params] | None = None
             for option in move.options:
                 score = measure(option)
