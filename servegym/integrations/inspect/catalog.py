@@ -25,7 +25,7 @@ def task_agent_fleet_a100(
 def task_agent_fleet_h100(
     seed: int = 0, out: str = DEFAULT_OUT, agent: str | None = None, force: bool = False
 ) -> Task:
-    """Coding-agent turn latency with 40 sessions in flight: Qwen3-14B on one H100"""
+    """Coding-agent turn latency with 64 sessions in flight: Qwen3-14B on one H100"""
     return servegym_task("agent-fleet-h100", seed, out, agent, force)
 
 
