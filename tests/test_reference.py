@@ -275,3 +275,17 @@ def test_a_reference_that_does_not_start_names_the_task_and_engine(
         "max_num_seqs=1, dtype=auto) does not run: stand-in cannot run this config: "
         "max_num_seqs: 1 is refused here"
     )
+
+
+def test_the_agent_phase_measures_agreement_with_the_same_reference(
+    tmp_path: Path, model: ModelRef
+) -> None:
+    """The dev baseline's accuracy on a gpu task: agreement with its reference's outputs on
+    the dev workload, computed on a server of its own and cached."""
+    loaded = load_task_folder(_gpu_task(tmp_path))
+    engine = StandInEngine(tmp_path / "pid", reference=True, platform="gpu")
+    track = track_for(loaded, server_logs=tmp_path / "servers", engine=engine, model=model)
+    baseline = track.dev_session(loaded, 0).baseline(quick=True)
+    assert baseline.accuracy == 1.0
+    assert engine.configs[-1] == ServingConfig(dtype="auto", max_num_seqs=1)
+    assert len(list(references_dir().glob("stand-in-*.json"))) == 1

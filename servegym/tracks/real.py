@@ -80,6 +80,7 @@ from servegym.reference.outputs import (
     ReferenceServer,
     agreement,
     describe,
+    reference_outputs,
 )
 from servegym.reference.rescore import ProbeReport, verify_probes
 from servegym.sandbox.egress import EgressWatch, descendants
@@ -137,17 +138,14 @@ def outputs_reference(
     the engine cannot serve a reference (:func:`has_reference`)."""
     if not has_reference(engine):
         return None
-
-    async def go() -> Reference:
-        server = reference_server(
-            loaded, engine, model, log_dir / f"reference-{workload.content_hash()[:12]}.log"
+    config = reference_config(loaded.task, engine)
+    what = describe(loaded.id, engine, config)
+    timeout = loaded.task.evaluation.start_timeout_s
+    return asyncio.run(
+        reference_outputs(
+            engine, config, model, workload, log_dir, what=what, start_timeout_s=timeout
         )
-        try:
-            return await server.outputs(workload)
-        finally:
-            await server.stop()
-
-    return asyncio.run(go())
+    )
 
 
 @register_track("cpu", "gpu")
