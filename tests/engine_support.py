@@ -12,7 +12,9 @@ from servegym.engines.config import ServingConfig
 
 class StandInEngine(Engine):
     """An engine whose server is the mock server (or a stand-in script), written to
-    ``pid_file`` so a test can kill it; it accepts block_size 32 only."""
+    ``pid_file`` so a test can kill it; it accepts block_size 32 only. It serves a task's
+    reference (the mock's outputs, and its prompt log-probabilities, which find every token
+    greedy) only when made with ``reference=True``: other tests get no third server."""
 
     name = "stand-in"
     platform = "cpu"
@@ -20,10 +22,20 @@ class StandInEngine(Engine):
         engine="stand-in", platform="cpu", rules=(allowed_values("block_size", (32,)),)
     )
 
-    def __init__(self, pid_file: Path, program: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        pid_file: Path,
+        program: list[str] | None = None,
+        *,
+        reference: bool = False,
+        platform: str = "cpu",
+    ) -> None:
         self.pid_file = pid_file
         self.program = program
         self.launches = 0
+        self.serves_reference = reference
+        self.platform = platform
+        self.configs: list[ServingConfig] = []
 
     def command(self) -> list[str]:
         self.launches += 1
@@ -53,6 +65,7 @@ class StandInEngine(Engine):
     def render_args(
         self, config: ServingConfig, model: ModelRef, host_addr: str, port: int
     ) -> list[str]:
+        self.configs.append(config)
         if self.program is not None:
             return [str(port)]
         return [

@@ -30,7 +30,9 @@ LAYERS: list[set[str]] = [
     # pure functions of records and measurements
     {"scoring"},
     {"tasks"},
-    {"pipeline", "cpu_track"},
+    # the RAG pipeline, the CPU track's setup, a real track's reference (its config, outputs,
+    # probe re-scoring)
+    {"pipeline", "cpu_track", "reference"},
     {"providers"},
     {"agents"},
     # a track: starts a config, measures it on a workload sample, stops it

@@ -3,12 +3,14 @@
 Each cheat is a server that a real evaluation could meet: a proxy in front of the real
 model (``tests/cheat_proxy.py``) or another model served under the task's name. Each is run
 on the scoring workload of ``cpu-throughput-concurrent`` for two runs (as two pairs of an
-evaluation are), and the probe check re-scores a blind draw of its answers with the
-reference model (:func:`servegym.cpu_track.rescore.verify_probes`, the function the final
-evaluation calls). The stream checks see nothing wrong with any of these cheats: their
-streams are well formed, with the forced length and matching usage; only *which* tokens came
-back gives them away. The honest set (dtypes, speculative decoding, prefix caching, batching
-settings) must raise no finding at all.
+evaluation are), and the probe check re-scores a blind draw of its answers with the task's
+reference, its baseline at full precision (:func:`servegym.reference.config.reference_config`),
+through :func:`servegym.reference.rescore.verify_probes`, the function the final evaluation
+calls. The stream checks see nothing wrong with any of these cheats: their streams are well
+formed, with the forced length and matching usage; only *which* tokens came back gives them
+away. The honest set (dtypes, speculative decoding, prefix caching, batching settings) must
+raise no finding at all. ``benchmarks/reference_verdicts.py`` runs the same cases with two
+references side by side.
 
 Marked ``slow`` and ``cputrack`` (needs ``servegym setup cpu``).
 """
@@ -23,8 +25,6 @@ from pathlib import Path
 import pytest
 from cheat_proxy import serving
 
-from servegym.cpu_track.reference import REFERENCE_CONFIG
-from servegym.cpu_track.rescore import ProbeReport, verify_probes
 from servegym.cpu_track.setup import BUILDER
 from servegym.engines.base import ModelRef, get_engine
 from servegym.engines.config import ServingConfig
@@ -33,6 +33,8 @@ from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess, free_port
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions, make_target
+from servegym.reference.config import reference_config
+from servegym.reference.rescore import ProbeReport, verify_probes
 from servegym.scoring.integrity import stream_findings
 from servegym.tasks.loader import load_task, workload_spec
 from servegym.workloads.generate import materialise
@@ -61,10 +63,11 @@ def _start(config: ServingConfig, log: Path, model: ModelRef | None = None) -> S
 
 @pytest.fixture(scope="module")
 def reference(cpu_track_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The reference server (float32, one sequence at a time): it re-scores the probes, and
-    it is also the real model the cheating proxies forward to."""
+    """The task's reference server (its baseline at full precision: float32, one sequence at
+    a time): it re-scores the probes, and it is also the real model the cheating proxies
+    forward to."""
     log = tmp_path_factory.mktemp("catalogue") / "reference.log"
-    server = _start(REFERENCE_CONFIG, log)
+    server = _start(reference_config(load_task(TASK).task, get_engine("vllm-cpu")), log)
     try:
         yield server.spec.base_url
     finally:
@@ -88,12 +91,10 @@ def _runs(url: str, workloads: list[Workload]) -> list[tuple[Workload, RunResult
 
 
 def _check(runs: list[tuple[Workload, RunResult]], reference: str, tmp_path: Path) -> ProbeReport:
+    spec = load_task(TASK).task.integrity
     report = asyncio.run(
-        verify_probes(
-            get_engine("vllm-cpu"), resolve_model(TINY_MODEL), runs,
-            load_task(TASK).task.integrity, 7, tmp_path / "x.log", reference_url=reference,
-        )
-    )  # fmt: skip
+        verify_probes(resolve_model(TINY_MODEL), runs, spec, 7, reference_url=reference)
+    )
     for f in report.findings:
         print(f"\n  {f.text()}")
     return report

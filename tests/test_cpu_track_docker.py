@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from servegym.cpu_track.reference import compare_outputs, reference_outputs
 from servegym.cpu_track.workloads import probe_workloads
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
@@ -28,6 +27,8 @@ from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess
 from servegym.engines.served import benchmark_server
 from servegym.loadgen.target import RunOptions
+from servegym.reference.config import full_precision
+from servegym.reference.outputs import compare_outputs, reference_outputs
 from servegym.scoring.metrics import compute_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.cputrack, pytest.mark.docker]
@@ -51,7 +52,9 @@ def test_vllm_cpu_in_its_image_serves_the_reference_outputs(
     except UserError as e:
         pytest.skip(e.message)
     workload = probe_workloads()["balanced"]
-    reference = asyncio.run(reference_outputs(workload, tmp_path))
+    # the reference of a cpu task whose baseline is vllm-cpu's defaults
+    config = full_precision(ServingConfig(), engine)
+    reference = asyncio.run(reference_outputs(engine, config, model, workload, tmp_path))
     client = DockerRunner().client()
     seen: dict[str, Any] = {}
 

@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 from cheat_proxy import serve_app
 
-from servegym.cpu_track.rescore import RescoreError, _position_scores, verify_probes
 from servegym.engines.base import ModelRef
 from servegym.loadgen.records import RequestRecord, RunResult
+from servegym.reference.rescore import RescoreError, _position_scores, verify_probes
 from servegym.scoring.probes import ProbeTolerance, TokenScore, judge, probe_findings
 from servegym.tasks.spec import IntegritySpec
 from servegym.workloads.model import Session, Turn, Workload
@@ -144,8 +144,7 @@ def test_verify_draws_blind_rescoring_prompt_and_output_and_flags_cheats(
     runs = [(w, _run([_record(99, [1], warmup=True), *honest, *cheats]))]
     spec = IntegritySpec(probe_requests=8)
     model = ModelRef(path="x", served_name="m")
-    engine: Any = None
-    report = asyncio.run(verify_probes(engine, model, runs, spec, 3, tmp_path, reference_url=url))
+    report = asyncio.run(verify_probes(model, runs, spec, 3, reference_url=url))
     assert len(report.verdicts) == 8 == len(seen)
     # prompt then output, exactly: session i's prompt is 100+i .. 109+i
     for ids in seen:
@@ -156,7 +155,7 @@ def test_verify_draws_blind_rescoring_prompt_and_output_and_flags_cheats(
     (f,) = report.findings
     assert f.check == "probe_disagreement" and f.requests == len(failed)
     # the same seed draws the same probes; another seed others
-    again = asyncio.run(verify_probes(engine, model, runs, spec, 3, tmp_path, reference_url=url))
+    again = asyncio.run(verify_probes(model, runs, spec, 3, reference_url=url))
     assert [v.request_id for v in again.verdicts] == [v.request_id for v in report.verdicts]
 
 
@@ -167,9 +166,7 @@ def test_verify_counts_answers_without_token_ids(
     w = _workload(3)
     runs = [(w, _run([_record(0, [TOP] * 4), _record(1, None), _record(2, None)]))]
     model = ModelRef(path="x", served_name="m")
-    report = asyncio.run(
-        verify_probes(None, model, runs, IntegritySpec(), 3, tmp_path, reference_url=url)  # type: ignore[arg-type]
-    )
+    report = asyncio.run(verify_probes(model, runs, IntegritySpec(), 3, reference_url=url))
     assert [f.check for f in report.findings] == ["probe_unverifiable"]
     assert report.unverifiable == 2 and len(report.verdicts) == 1
 

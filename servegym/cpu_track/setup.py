@@ -37,6 +37,7 @@ from servegym.engines.cpu_home import (
     TrackPaths,
     track_paths,
 )
+from servegym.engines.models import model_digest
 from servegym.errors import UserError
 
 BUILDER = Path(__file__).with_name("build_tiny_model.py")
@@ -179,15 +180,6 @@ def install_pipeline(paths: TrackPaths, log: Path, say: Say) -> None:
         env={"HF_HUB_OFFLINE": "1"},
     )
     _run([str(paths.python), "-c", _CHECK], "the import check after the pipeline packages", log)
-
-
-def model_digest(folder: Path) -> str:
-    """sha256 over the model folder's files, names and contents, in name order."""
-    h = hashlib.sha256()
-    for p in sorted(folder.iterdir()):
-        if p.is_file():
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
 
 
 def builder_digest() -> str:

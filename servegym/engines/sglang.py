@@ -105,6 +105,9 @@ class SglangEngine(Engine):
     platform = "gpu"
     tracks = ("gpu",)
     metrics = SGLANG_METRICS
+    prompt_logprobs = False
+    """Its ``/v1/completions`` has no ``prompt_logprobs`` (vLLM's extension); re-scoring
+    through its native ``/generate`` (``return_logprob``) is not built yet."""
     table = CapabilityTable(
         engine="sglang",
         platform="gpu",
@@ -118,6 +121,9 @@ class SglangEngine(Engine):
             _quantization_supported(),
         ),
     )
+
+    def versions(self) -> dict[str, str]:
+        return {"sglang": SGLANG_VERSION}
 
     def command(self) -> list[str]:
         return [sys.executable if _in_sglang_env() else "python3", "-m", "sglang.launch_server"]

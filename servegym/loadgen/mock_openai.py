@@ -136,6 +136,8 @@ class MockState:
     options: MockOptions
     arrivals: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_ARRIVALS))
     requests: int = 0
+    rescored: int = 0
+    """Requests that asked for prompt log-probabilities (a reference's re-scoring)."""
     running: int = 0
     max_running: int = 0
     prompt_tokens: int = 0
@@ -179,6 +181,7 @@ class MockState:
 
         return {
             "requests": self.requests,
+            "rescored": self.rescored,
             "running": self.running,
             "max_running": self.max_running,
             "success": self.success,
@@ -267,6 +270,7 @@ class GenRequest:
         "model",
         "opts",
         "prompt",
+        "prompt_logprobs",
         "prompt_tokens",
         "return_ids",
         "rid",
@@ -287,6 +291,7 @@ class GenRequest:
         self.stream = False
         self.include_usage = False
         self.return_ids = False
+        self.prompt_logprobs = False
 
     # -- response bytes ------------------------------------------------------------------
 
@@ -341,6 +346,11 @@ class GenRequest:
         choice["finish_reason"] = "length"
         if self.return_ids:
             choice["token_ids"] = ids
+        if self.prompt_logprobs and isinstance(self.prompt, list):
+            # vLLM's shape; the mock's own choice is every token it is shown (a reference
+            # that finds every answer greedy: the probe check passes on the mock)
+            top = [{str(t): {"logprob": 0.0, "rank": 1}} for t in self.prompt[1:]]
+            choice["prompt_logprobs"] = [None, *top]
         payload = {
             "id": self.rid,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -404,6 +414,7 @@ def parse_request(
     so = body.get("stream_options")
     req.include_usage = bool(isinstance(so, dict) and so.get("include_usage"))
     req.return_ids = bool(body.get("return_token_ids"))
+    req.prompt_logprobs = not chat and body.get("prompt_logprobs") is not None
     return req
 
 

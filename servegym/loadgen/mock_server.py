@@ -150,6 +150,8 @@ def _generate(core: _Core, conn: HttpConnection, r: HttpRequest, chat: bool) -> 
         status = parsed.opts.http_status
         conn.respond(status, error_body(status, "mock injected error", "InternalServerError"))
         return
+    if parsed.prompt_logprobs:
+        state.rescored += 1
     state.running += 1
     if state.running > state.max_running:
         state.max_running = state.running

@@ -17,13 +17,13 @@ task fails the trial's preflight with the doctor's own lines.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from servegym.engines.models import hf_cache
 from servegym.errors import UserError
 
 if TYPE_CHECKING:
@@ -295,14 +295,6 @@ def _engine_versions() -> dict[str, str | None]:
             version = None  # the CPU build serves the cpu track, not the gpu one
         found[name] = version
     return found
-
-
-def hf_cache() -> Path:
-    """Where the Hugging Face hub keeps downloaded models."""
-    if cache := os.environ.get("HF_HUB_CACHE"):
-        return Path(cache).expanduser()
-    home = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
-    return Path(home).expanduser() / "hub"
 
 
 def model_present(name: str) -> bool:

@@ -50,10 +50,10 @@ import pydantic
 import servegym
 from servegym.agents.base import Agent, BudgetExhausted, ExperimentResult, make_agent
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import track_paths
 from servegym.engines.launcher import LauncherSubmission
 from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.pipeline.files import write_pipeline_files
+from servegym.reference.outputs import references_dir
 from servegym.run_folder import TRIAL_FILE, check_nameable, write_private
 from servegym.runner.agent_watch import AgentWatch, forbidden_patterns
 from servegym.runner.environment import TrackEnvironment, changed_knobs
@@ -475,8 +475,8 @@ def agent_watch(loaded: LoadedTask, out_dir: Path, folder: Path) -> AgentWatch:
     )
     growing: list[Path] = []
     extra: list[tuple[Path, str]] = []
-    if loaded.task.traits.readiness == "cpu_engine":
-        references = track_paths().references
+    if not loaded.task.traits.simulated:
+        references = references_dir()
         growing.append(references)
         extra.append((references, "the reference outputs"))
     return AgentWatch(

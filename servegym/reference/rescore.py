@@ -1,10 +1,11 @@
-"""Re-scoring outputs with the reference model (see :mod:`servegym.scoring.probes`).
+"""Re-scoring outputs with the reference (see :mod:`servegym.scoring.probes`).
 
-The reference server (``servegym-tiny`` under
-:data:`~servegym.cpu_track.reference.REFERENCE_CONFIG`) reads prompt + output in one
-prefill and returns vLLM's ``prompt_logprobs``: at every position, the log-probability of
-the token there and of the model's top token. One request at a time, so no batching effect
-touches a logit.
+The reference server (the task's baseline at full precision,
+:func:`~servegym.reference.config.reference_config`) reads prompt + output in one prefill
+and returns vLLM's ``prompt_logprobs``: at every position, the log-probability of the token
+there and of the model's top token. One request at a time, so no batching effect touches a
+logit. An engine whose server has no ``prompt_logprobs``
+(:attr:`~servegym.engines.base.Engine.prompt_logprobs`) gets no probe check.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-from servegym.cpu_track.reference import REFERENCE_CONFIG
-from servegym.engines.base import Engine, ModelRef
-from servegym.engines.served import ManagedServer
+from servegym.engines.base import ModelRef
 from servegym.loadgen.records import RequestRecord, RunResult
 from servegym.scoring.integrity import Finding
 from servegym.scoring.probes import ProbeTolerance, ProbeVerdict, TokenScore, judge, probe_findings
@@ -108,21 +106,16 @@ def probe_candidates(
 
 
 async def verify_probes(
-    engine: Engine,
     model: ModelRef,
     runs: Sequence[tuple[Workload, RunResult]],
     spec: IntegritySpec,
     seed: int,
-    log_path: Path,
     *,
-    reference_url: str | None = None,
-    start_timeout_s: float = 300.0,
+    reference_url: str,
 ) -> ProbeReport:
     """Draw ``spec.probe_requests`` answers from ``runs`` (each run with the workload it
-    was sent) by ``seed``, re-score them with the reference model, and judge them.
-
-    The reference server is started for the purpose (``REFERENCE_CONFIG``) unless
-    ``reference_url`` names one already running."""
+    was sent) by ``seed``, re-score them on the running reference server at
+    ``reference_url``, and judge them."""
     candidates, missing = probe_candidates(runs)
     rng = random.Random(seed)
     picked = sorted(rng.sample(range(len(candidates)), min(spec.probe_requests, len(candidates))))
@@ -147,18 +140,6 @@ async def verify_probes(
                 verdicts.append(judge(label, scores, spec.max_gap_nats))
         return verdicts
 
-    if not probes:
-        verdicts: list[ProbeVerdict] = []
-    elif reference_url is not None:
-        verdicts = await judge_all(reference_url.rstrip("/"))
-    else:
-        server = ManagedServer(
-            engine, REFERENCE_CONFIG, model, log_path, start_timeout_s=start_timeout_s
-        )
-        proc = await server.start()
-        try:
-            verdicts = await judge_all(f"http://127.0.0.1:{proc.spec.port}")
-        finally:
-            await server.stop()
+    verdicts = await judge_all(reference_url.rstrip("/")) if probes else []
     findings = probe_findings(verdicts, tolerance, unverifiable=missing)
     return ProbeReport(verdicts=verdicts, unverifiable=missing, findings=findings)
