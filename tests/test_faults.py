@@ -198,25 +198,46 @@ def _mock_pids() -> set[int]:
     }
 
 
+def _descendants(root: int) -> set[int]:
+    """Every live process descended from ``root`` (by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_the_harness_killed_mid_evaluation_leaves_no_server_and_no_half_result(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    before = _mock_pids()
     code = DRIVER.format(
         tests=str(Path(__file__).parent), out=str(tmp_path), task=str(DATA / "tiny-cpu")
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     deadline = time.monotonic() + 60
-    while not _mock_pids() - before:
+    while len(_mock_pids() & _descendants(proc.pid)) < 2:
         assert time.monotonic() < deadline, "the evaluation never started its servers"
         time.sleep(0.1)
     time.sleep(3.0)  # mid-evaluation: both servers up, pairs running
+    # this harness's servers only: other runs on the machine may start mock servers too
+    ours = _mock_pids() & _descendants(proc.pid)
     os.kill(proc.pid, sig)
     proc.wait(30)
     time.sleep(2.0)  # PR_SET_PDEATHSIG (SIGKILL) or the unwinding stop (SIGINT) lands
-    assert _mock_pids() - before == set(), "a server outlived the harness"
+    assert ours & _mock_pids() == set(), "a server outlived the harness"
     assert not (tmp_path / "done.json").exists()
     for path in tmp_path.rglob("*.json"):
         json.loads(path.read_text())  # nothing half-written
