@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from suite_table import _done, geomean, run_cell, sim_tasks
+from suite_table import cells, geomean, run_cell, sim_tasks
 
 from servegym.agents.checklist import ChecklistAgent, Move
 from servegym.agents.search_space import Params, SearchSpace
@@ -84,17 +84,8 @@ def main() -> None:
     tasks = sorted(args.task) if args.task else sim_tasks()
     args.out.mkdir(parents=True, exist_ok=True)
     cols = ("checklist", "oracle", VARIANT)
-    scores: dict[tuple[str, str, int], float] = {}
-    todo: list[tuple[str, str, int]] = []
-    for t in tasks:
-        for a in cols:
-            for s in seeds:
-                done = _done(args.out, t, a, s)
-                if done is None:
-                    if a != "checklist":
-                        todo.append((t, a, s))
-                else:
-                    scores[(t, a, s)] = done
+    scores, todo = cells(args.out, tasks, cols, seeds)
+    todo = [c for c in todo if c[1] != "checklist"]  # the suite table runs the checklist
     todo.sort(key=lambda c: c[1] != "oracle")
     if args.report:
         todo = []

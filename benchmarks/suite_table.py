@@ -74,6 +74,27 @@ def _done(out: Path, task: str, agent: str, seed: int) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+Cell = tuple[str, str, int]
+"""(task, agent, seed)."""
+
+
+def cells(
+    out: Path, tasks: list[str], agents: tuple[str, ...], seeds: list[int]
+) -> tuple[dict[Cell, float], list[Cell]]:
+    """The scores of the cells already run under ``out``, and the cells still to run."""
+    scores: dict[Cell, float] = {}
+    todo: list[Cell] = []
+    for t in tasks:
+        for a in agents:
+            for s in seeds:
+                done = _done(out, t, a, s)
+                if done is None:
+                    todo.append((t, a, s))
+                else:
+                    scores[(t, a, s)] = done
+    return scores, todo
+
+
 def run_cell(out: Path, task: str, agent: str, seed: int) -> tuple[str, str, int, float, float]:
     """Run one cell (in a worker process): its score and wall seconds."""
     start = time.perf_counter()
@@ -205,16 +226,7 @@ def main() -> None:
     wanted = {a.strip() for a in args.agents.split(",")} | {"checklist", "oracle"}
     agents = tuple(a for a in AGENTS if a in wanted)
     args.out.mkdir(parents=True, exist_ok=True)
-    scores: dict[tuple[str, str, int], float] = {}
-    todo: list[tuple[str, str, int]] = []
-    for t in tasks:
-        for a in agents:
-            for s in seeds:
-                done = _done(args.out, t, a, s)
-                if done is None:
-                    todo.append((t, a, s))
-                else:
-                    scores[(t, a, s)] = done
+    scores, todo = cells(args.out, tasks, agents, seeds)
     # the suite figures' columns first: an interrupted run already has them
     order = {"oracle": 0, "checklist": 1, "nop": 2, "default": 3, "random": 4, "tpe": 5}
     todo.sort(key=lambda c: order[c[1]])
