@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,12 +40,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cheat_proxy import serving
+from cheat_proxy import build_impostor, serving
 
-from servegym.cpu_track.setup import BUILDER, require_cpu_track
+from servegym.cpu_track.setup import require_cpu_track
 from servegym.engines.base import ModelRef, get_engine
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import TINY_MODEL, track_paths
+from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess, free_port
 from servegym.loadgen.records import RunResult
@@ -158,12 +157,7 @@ def served_case(config: ServingConfig, workloads: list[Workload], log: Path) -> 
 def impostor_case(workloads: list[Workload], folder: Path) -> Runs:
     """A two-layer model with other random weights, same tokenizer, served as the task's."""
     impostor = folder / "impostor"
-    subprocess.run(
-        [str(track_paths().python), str(BUILDER), str(impostor), "--seed", "7", "--layers", "2"],
-        check=True, capture_output=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                              "TOKENIZERS_PARALLELISM": "false"},
-    )  # fmt: skip
-    model = ModelRef(path=str(impostor), served_name=TINY_MODEL)
+    model = build_impostor(impostor)
     server = start(ServingConfig(), folder / "impostor.log", model)
     try:
         return run_all(server.spec.base_url, workloads)

@@ -189,6 +189,24 @@ def serve_app(app: web.Application) -> Iterator[str]:
         loop.close()
 
 
+def build_impostor(folder: Path) -> Any:
+    """Catalogue item 5's model: servegym-tiny's builder with two layers and other random
+    weights (seed 7) over the same tokenizer, written to ``folder``; its ``ModelRef``, served
+    under servegym-tiny's name."""
+    import subprocess
+
+    from servegym.cpu_track.setup import BUILDER
+    from servegym.engines.base import ModelRef
+    from servegym.engines.cpu_home import TINY_MODEL, track_paths
+
+    subprocess.run(
+        [str(track_paths().python), str(BUILDER), str(folder), "--seed", "7", "--layers", "2"],
+        check=True, capture_output=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                                              "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
+    return ModelRef(path=str(folder), served_name=TINY_MODEL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", default=None)

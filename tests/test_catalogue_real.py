@@ -18,17 +18,15 @@ Marked ``slow`` and ``cputrack`` (needs ``servegym setup cpu``).
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cheat_proxy import serving
+from cheat_proxy import build_impostor, serving
 
-from servegym.cpu_track.setup import BUILDER
 from servegym.engines.base import ModelRef, get_engine
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import TINY_MODEL, track_paths
+from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess, free_port
 from servegym.loadgen.records import RunResult
@@ -166,12 +164,7 @@ def test_5_another_smaller_model_under_the_tasks_name_is_caught(
     """A two-layer model with other random weights, over the same tokenizer, served as
     ``servegym-tiny``."""
     impostor = tmp_path / "impostor"
-    subprocess.run(
-        [str(track_paths().python), str(BUILDER), str(impostor), "--seed", "7", "--layers", "2"],
-        check=True, capture_output=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                              "TOKENIZERS_PARALLELISM": "false"},
-    )  # fmt: skip
-    model = ModelRef(path=str(impostor), served_name=TINY_MODEL)
+    model = build_impostor(impostor)
     server = _start(ServingConfig(), tmp_path / "impostor.log", model)
     try:
         runs = _runs(server.spec.base_url, workloads)
