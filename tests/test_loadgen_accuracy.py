@@ -26,6 +26,9 @@ from servegym.workloads.spec import ArrivalSpec
 if TYPE_CHECKING:
     from tests.conftest import MockProcess
 
+# timing tests: run alone (-m timing), never beside other tests under xdist
+pytestmark = pytest.mark.timing
+
 TTFT_MS = 50.0
 ITL_MS = 10.0
 

@@ -46,6 +46,7 @@ def arrival(kind: str, **kw: Any) -> ArrivalSpec:
     return ArrivalSpec(kind=kind, **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.timing  # 10 ms of send lag: run alone, never beside other tests
 async def test_open_loop_offsets_are_kept(
     mock_server: MockServer, make_single_turn: Callable[..., Workload]
 ) -> None:

@@ -6,8 +6,13 @@ import asyncio
 import statistics
 from time import perf_counter_ns
 
+import pytest
+
 from servegym.loadgen.eventloop import run, uvloop_available
 from servegym.loadgen.timing import PreciseScheduler
+
+# measures this machine's timer as well as the code: run alone (-m timing), never under xdist
+pytestmark = pytest.mark.timing
 
 
 async def test_callbacks_run_in_deadline_order_never_early() -> None:
