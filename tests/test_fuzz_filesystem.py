@@ -17,7 +17,8 @@ than the documented ones, or a refusal that is not one line (problems); and **da
 torn line in ``experiments.jsonl``, a temporary file left after a resume, a trial never
 finished by its resume, an honest trial flagged for tampering. The targets are 0 and 0.
 
-The default run draws a few cases of each kind; ``-m slow`` draws the rest (the counts are
+The default run draws a few cases of each kind; ``-m slow`` draws the rest in three parts
+(:data:`SLOW_PARTS`, each its own test, for ``pytest -n``; the counts are
 :data:`CASES`). Each kind prints ``fuzz KIND: N cases, T tracebacks, L data losses`` (run
 with ``-s`` to see them; ``SERVEGYM_FUZZ_REPORT=FILE`` appends them to FILE).
 """
@@ -57,10 +58,28 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "servegym", *args]
 
 
-def rng_for(kind: str, slow: bool) -> random.Random:
+SLOW_PARTS = 3
+"""Under ``-m slow`` each kind's cases come in this many tests, each with its own seeded draw,
+so that ``pytest -n`` spreads a kind's cases over its workers."""
+
+
+def rng_for(kind: str, part: int | None) -> random.Random:
+    """The draw of the default run (``part`` None) or of one slow part."""
     if os.environ.get("SERVEGYM_FUZZ_RANDOM"):
         return random.Random()
-    return random.Random(f"{kind}-{'slow' if slow else 'default'}")
+    return random.Random(f"{kind}-default" if part is None else f"{kind}-slow-{part}")
+
+
+def case_count(kind: str, part: int | None) -> int:
+    """The default run's cases of ``kind``, or slow part ``part``'s share of the slow count."""
+    default, slow = CASES[kind]
+    if part is None:
+        return default
+    return slow // SLOW_PARTS + (1 if part < slow % SLOW_PARTS else 0)
+
+
+def tally_name(kind: str, part: int | None) -> str:
+    return kind if part is None else f"{kind} (slow part {part + 1} of {SLOW_PARTS})"
 
 
 @dataclass
@@ -243,21 +262,22 @@ def kill_case(tally: Tally, rng: random.Random, tmp: Path, template: Path, i: in
     tally.cases += 1
 
 
-def _kills(tmp_path: Path, template: Path, slow: bool) -> None:
-    rng = rng_for("kill", slow)
-    tally = Tally("kill")
-    for i in range(CASES["kill"][1 if slow else 0]):
+def _kills(tmp_path: Path, template: Path, part: int | None) -> None:
+    rng = rng_for("kill", part)
+    tally = Tally(tally_name("kill", part))
+    for i in range(case_count("kill", part)):
         kill_case(tally, rng, tmp_path, template, i)
     tally.close()
 
 
 def test_kills_then_resume(tmp_path: Path, finished_trial: Path) -> None:
-    _kills(tmp_path, finished_trial, slow=False)
+    _kills(tmp_path, finished_trial, part=None)
 
 
 @pytest.mark.slow
-def test_kills_then_resume_many(tmp_path: Path, finished_trial: Path) -> None:
-    _kills(tmp_path, finished_trial, slow=True)
+@pytest.mark.parametrize("part", range(SLOW_PARTS))
+def test_kills_then_resume_many(tmp_path: Path, finished_trial: Path, part: int) -> None:
+    _kills(tmp_path, finished_trial, part=part)
 
 
 # --------------------------------------------------------------------------- drivers
@@ -309,21 +329,22 @@ def drivers_case(tally: Tally, rng: random.Random, tmp: Path, i: int) -> None:
     tally.cases += 1
 
 
-def _drivers(tmp_path: Path, slow: bool) -> None:
-    rng = rng_for("drivers", slow)
-    tally = Tally("drivers")
-    for i in range(CASES["drivers"][1 if slow else 0]):
+def _drivers(tmp_path: Path, part: int | None) -> None:
+    rng = rng_for("drivers", part)
+    tally = Tally(tally_name("drivers", part))
+    for i in range(case_count("drivers", part)):
         drivers_case(tally, rng, tmp_path, i)
     tally.close()
 
 
 def test_two_drivers_on_one_folder(tmp_path: Path) -> None:
-    _drivers(tmp_path, slow=False)
+    _drivers(tmp_path, part=None)
 
 
 @pytest.mark.slow
-def test_two_drivers_on_one_folder_many(tmp_path: Path) -> None:
-    _drivers(tmp_path, slow=True)
+@pytest.mark.parametrize("part", range(SLOW_PARTS))
+def test_two_drivers_on_one_folder_many(tmp_path: Path, part: int) -> None:
+    _drivers(tmp_path, part=part)
 
 
 # ------------------------------------------------------------------------------ disk
@@ -389,22 +410,23 @@ def disk_case(tally: Tally, rng: random.Random, tmp: Path, template: Path, i: in
     tally.cases += 1
 
 
-def _disks(tmp_path: Path, template: Path, slow: bool) -> None:
+def _disks(tmp_path: Path, template: Path, part: int | None) -> None:
     needs_root()
-    rng = rng_for("disk", slow)
-    tally = Tally("disk")
-    for i in range(CASES["disk"][1 if slow else 0]):
+    rng = rng_for("disk", part)
+    tally = Tally(tally_name("disk", part))
+    for i in range(case_count("disk", part)):
         disk_case(tally, rng, tmp_path, template, i)
     tally.close()
 
 
 def test_full_disks(tmp_path: Path, finished_trial: Path) -> None:
-    _disks(tmp_path, finished_trial, slow=False)
+    _disks(tmp_path, finished_trial, part=None)
 
 
 @pytest.mark.slow
-def test_full_disks_many(tmp_path: Path, finished_trial: Path) -> None:
-    _disks(tmp_path, finished_trial, slow=True)
+@pytest.mark.parametrize("part", range(SLOW_PARTS))
+def test_full_disks_many(tmp_path: Path, finished_trial: Path, part: int) -> None:
+    _disks(tmp_path, finished_trial, part=part)
 
 
 # -------------------------------------------------------------------------- readonly
@@ -436,19 +458,20 @@ def readonly_case(tally: Tally, rng: random.Random, tmp: Path, template: Path, i
     tally.cases += 1
 
 
-def _readonly(tmp_path: Path, template: Path, slow: bool) -> None:
+def _readonly(tmp_path: Path, template: Path, part: int | None) -> None:
     needs_root()
-    rng = rng_for("readonly", slow)
-    tally = Tally("readonly")
-    for i in range(CASES["readonly"][1 if slow else 0]):
+    rng = rng_for("readonly", part)
+    tally = Tally(tally_name("readonly", part))
+    for i in range(case_count("readonly", part)):
         readonly_case(tally, rng, tmp_path, template, i)
     tally.close()
 
 
 def test_read_only_folders(tmp_path: Path, finished_trial: Path) -> None:
-    _readonly(tmp_path, finished_trial, slow=False)
+    _readonly(tmp_path, finished_trial, part=None)
 
 
 @pytest.mark.slow
-def test_read_only_folders_many(tmp_path: Path, finished_trial: Path) -> None:
-    _readonly(tmp_path, finished_trial, slow=True)
+@pytest.mark.parametrize("part", range(SLOW_PARTS))
+def test_read_only_folders_many(tmp_path: Path, finished_trial: Path, part: int) -> None:
+    _readonly(tmp_path, finished_trial, part=part)

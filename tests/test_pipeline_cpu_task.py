@@ -6,7 +6,8 @@ two cores (a corpus of every sixth module, 6 questions a run, 3 in a quick one),
 by a scripted agent through the config tools a model agent has (one quick experiment with
 the task's expert config, then its submission), and the trial scores it against the
 baseline: the agent phase (the dev baseline and the experiment), then two server starts,
-two index builds and five pairs (about four minutes). ``-s`` prints the numbers.
+two index builds and a fixed 3 pairs (``task_support.PLUMBING_PAIRS``; the task runs 5),
+about four minutes. ``-s`` prints the numbers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
+from task_support import with_fixed_pairs
 
 from servegym.cpu_track.setup import pipeline_ok
 from servegym.engines.cpu_home import track_paths
@@ -45,7 +47,7 @@ def loaded(cpu_track_ready: None) -> LoadedTask:
             "pipeline": t.pipeline.model_copy(update={"modules_every": 6}),
         }
     )
-    return dataclasses.replace(full, task=task)
+    return with_fixed_pairs(dataclasses.replace(full, task=task))
 
 
 def test_an_agent_s_expert_config_beats_the_baseline_and_keeps_recall(

