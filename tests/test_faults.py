@@ -226,7 +226,12 @@ def test_the_harness_killed_mid_evaluation_leaves_no_server_and_no_half_result(
     code = DRIVER.format(
         tests=str(Path(__file__).parent), out=str(tmp_path), task=str(DATA / "tiny-cpu")
     )
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    # SIGINT as a terminal's Ctrl-C delivers it: a pytest-xdist worker ignores SIGINT, and a
+    # child would inherit that (Python then installs no KeyboardInterrupt handler)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while len(_mock_pids() & _descendants(proc.pid)) < 2:
         assert time.monotonic() < deadline, "the evaluation never started its servers"
