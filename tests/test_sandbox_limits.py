@@ -132,11 +132,11 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 spec = ContainerSpec(image=sys.argv[1], entrypoint=["sleep", "300"], labels={"test": "limits"})
 with DockerRunner().start(spec) as running:
-    print(running.id, flush=True)
-    if sys.argv[2] == "sigkill":
-        import os
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
+    try:  # from the print on: the test signals as soon as it reads the id
+        print(running.id, flush=True)
+        if sys.argv[2] == "sigkill":
+            import os
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)
     except KeyboardInterrupt:
         pass
