@@ -28,8 +28,9 @@ from servegym.providers.fakes import (
     final_text,
     tool_call,
 )
-from servegym.runner.trial import run_trial
-from servegym.tasks.loader import load_task, load_task_folder
+from servegym.runner.results import TrialResult
+from servegym.runner.trial import run_trial, trial_folder
+from servegym.tasks.loader import LoadedTask, load_task, load_task_folder
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -58,6 +59,24 @@ def loop() -> Iterator[BackgroundLoop]:
 def serve(loop: BackgroundLoop, fake: FakeServer) -> FakeServer:
     loop.run(fake.start())
     return fake
+
+
+def trial_with(
+    loop: BackgroundLoop, fake: FakeServer, loaded: LoadedTask, agent: str, image: str, out: Path
+) -> tuple[TrialResult, Path]:
+    """Run ``agent`` on ``loaded`` against the started ``fake``, closing the fake after; the
+    result and the trial's folder."""
+    try:
+        result = run_trial(
+            loaded,
+            agent,
+            0,
+            out,
+            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
+        )
+    finally:
+        loop.run(fake.close())
+    return result, trial_folder(out, loaded.id, agent, 0)
 
 
 def trial_files(folder: Path) -> str:
@@ -106,17 +125,14 @@ def test_claude_code_runs_a_sim_trial_through_the_proxy(
         final_text("Submitted max_num_seqs = 64."),
     ]
     fake = serve(loop, FakeAnthropic(script, side_requests=True))
-    try:
-        result = run_trial(
-            load_task_folder(TASK),
-            "claude-code:claude-sonnet-4-5",
-            0,
-            tmp_path / "runs",
-            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
-        )
-    finally:
-        loop.run(fake.close())
-    folder = tmp_path / "runs" / "tiny-throughput__claude-code:claude-sonnet-4-5__s0"
+    result, folder = trial_with(
+        loop,
+        fake,
+        load_task_folder(TASK),
+        "claude-code:claude-sonnet-4-5",
+        image,
+        tmp_path / "runs",
+    )
     records = check_trial(folder, result, fake)
     session = next(r for r in records if r["kind"] == "session")
     assert session["exit_code"] == 0
@@ -144,17 +160,9 @@ def test_codex_runs_a_sim_trial_through_the_proxy(
         final_text("Submitted max_num_seqs = 64."),
     ]
     fake = serve(loop, FakeOpenAIResponses(script, side_requests=True))
-    try:
-        result = run_trial(
-            load_task_folder(TASK),
-            "codex:gpt-5",
-            0,
-            tmp_path / "runs",
-            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
-        )
-    finally:
-        loop.run(fake.close())
-    folder = tmp_path / "runs" / "tiny-throughput__codex:gpt-5__s0"
+    result, folder = trial_with(
+        loop, fake, load_task_folder(TASK), "codex:gpt-5", image, tmp_path / "runs"
+    )
     records = check_trial(folder, result, fake)
     session = next(r for r in records if r["kind"] == "session")
     assert session["exit_code"] == 0
@@ -195,17 +203,9 @@ def test_claude_code_runs_a_cpu_trial_through_the_proxy(
     ]
     fake = serve(loop, FakeAnthropic(script, side_requests=True))
     task = with_fixed_pairs(load_task("cpu-prefill-ttft"))
-    try:
-        result = run_trial(
-            task,
-            "claude-code:claude-sonnet-4-5",
-            0,
-            tmp_path / "runs",
-            agent_options={"base_url": fake.url, "max_sessions": 1, "image": image},
-        )
-    finally:
-        loop.run(fake.close())
-    folder = tmp_path / "runs" / "cpu-prefill-ttft__claude-code:claude-sonnet-4-5__s0"
+    result, folder = trial_with(
+        loop, fake, task, "claude-code:claude-sonnet-4-5", image, tmp_path / "runs"
+    )
     print(f"\ncpu-prefill-ttft claude-code: {result.outcome} {result.score} {result.score_ci}")
     print(f"agent cost: {result.agent_cost}")
     assert result.outcome == "scored", (result.error, result.gates)
