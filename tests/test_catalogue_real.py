@@ -18,17 +18,17 @@ Marked ``slow`` and ``cputrack`` (needs ``servegym setup cpu``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cheat_proxy import build_impostor, serving
+from cpu_servers import REFERENCE, Launch, ServerPool
+from cpu_servers import reference_config as shared_reference_config
 
-from servegym.engines.base import ModelRef, get_engine
+from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.models import resolve_model
-from servegym.engines.process import ServerProcess, free_port
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions, make_target
 from servegym.reference.config import reference_config
@@ -46,30 +46,50 @@ SEEDS = (9001, 9002)
 OPTIONS = RunOptions(model=TINY_MODEL, keep_outputs=True)
 
 
-def _start(config: ServingConfig, log: Path, model: ModelRef | None = None) -> ServerProcess:
-    model = model or resolve_model(TINY_MODEL)
-    spec = get_engine("vllm-cpu").launch_spec(config, model, free_port())
-    server = ServerProcess(spec, log)
-    server.start()
-    try:
-        asyncio.run(server.wait_ready())
-    except BaseException:
-        server.stop()
-        raise
-    return server
+def _wanted(session_items: list[pytest.Item], scratch: pytest.TempPathFactory) -> dict[str, Launch]:
+    """The servers this module's selected tests use besides the reference: the impostor
+    (item 5) and each honest config, so that all start side by side."""
+    out: dict[str, Launch] = {}
+    for item in session_items:
+        if item.path != Path(__file__):
+            continue
+        if item.name.startswith("test_5_"):
+            out["impostor"] = (ServingConfig(), build_impostor(scratch.mktemp("impostor")))
+        call = getattr(item, "callspec", None)
+        if call is not None and "name" in call.params:
+            out[f"honest: {call.params['name']}"] = HONEST[call.params["name"]]
+    return out
 
 
 @pytest.fixture(scope="module")
-def reference(cpu_track_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The task's reference server (its baseline at full precision: float32, one sequence at
-    a time): it re-scores the probes, and it is also the real model the cheating proxies
-    forward to."""
-    log = tmp_path_factory.mktemp("catalogue") / "reference.log"
-    server = _start(reference_config(load_task(TASK).task, get_engine("vllm-cpu")), log)
+def servers(
+    cpu_servers: ServerPool,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ServerPool:
+    """The task's reference server (its baseline at full precision: float32, one sequence
+    at a time), shared with ``test_cpu_track``: it re-scores the probes, and it is also the
+    real model the cheating proxies forward to. Beside it, started together, the other
+    servers the selected tests use (``tests/cpu_servers.py``)."""
+    config = reference_config(load_task(TASK).task, get_engine("vllm-cpu"))
+    assert config == shared_reference_config(), "the task's reference is the shared one"
+    cpu_servers.start({REFERENCE: config, **_wanted(request.session.items, tmp_path_factory)})
+    return cpu_servers
+
+
+@pytest.fixture(scope="module")
+def reference(servers: ServerPool) -> str:
+    return servers[REFERENCE].spec.base_url
+
+
+def _served(
+    servers: ServerPool, name: str, workloads: list[Workload]
+) -> list[tuple[Workload, RunResult]]:
+    """Both runs on server ``name`` (started with the module's others), then stop it."""
     try:
-        yield server.spec.base_url
+        return _runs(servers[name].spec.base_url, workloads)
     finally:
-        server.stop()
+        servers.stop(name)
 
 
 @pytest.fixture(scope="module")
@@ -159,17 +179,11 @@ def test_8_sampling_instead_of_greedy_is_caught(
 
 
 def test_5_another_smaller_model_under_the_tasks_name_is_caught(
-    reference: str, workloads: list[Workload], tmp_path: Path
+    servers: ServerPool, reference: str, workloads: list[Workload], tmp_path: Path
 ) -> None:
     """A two-layer model with other random weights, over the same tokenizer, served as
     ``servegym-tiny``."""
-    impostor = tmp_path / "impostor"
-    model = build_impostor(impostor)
-    server = _start(ServingConfig(), tmp_path / "impostor.log", model)
-    try:
-        runs = _runs(server.spec.base_url, workloads)
-    finally:
-        server.stop()
+    runs = _served(servers, "impostor", workloads)
     assert stream_findings([r for _, r in runs]) == []
     _caught(_check(runs, reference, tmp_path), 28)
 
@@ -196,13 +210,9 @@ def _honest_params() -> list[object]:
 
 @pytest.mark.parametrize("name", _honest_params())
 def test_honest_configs_raise_no_finding(
-    name: str, reference: str, workloads: list[Workload], tmp_path: Path
+    name: str, servers: ServerPool, reference: str, workloads: list[Workload], tmp_path: Path
 ) -> None:
-    server = _start(HONEST[name], tmp_path / "server.log")
-    try:
-        runs = _runs(server.spec.base_url, workloads)
-    finally:
-        server.stop()
+    runs = _served(servers, f"honest: {name}", workloads)
     assert stream_findings([r for _, r in runs]) == []
     report = _check(runs, reference, tmp_path)
     tokens = sum(v.tokens for v in report.verdicts)

