@@ -15,6 +15,7 @@ It prints, per evaluation, the score, its interval, the half-width, the pairs ru
 they stopped, and per case whether the interval holds 1.0 (nop: 1.0 within the task's
 ``nop_tolerance``), reaches the oracle minimum (oracle), or excludes 1.0 (planted).
 ``--fixed N`` runs exactly N pairs instead of the task's adaptive rule (the "before").
+``--max-repeats N`` lets the adaptive plan run up to N pairs instead of the task's limit.
 
     .venv/bin/python benchmarks/cpu_eval_precision.py cpu-prefill-ttft --trials 3 --planted 1.15
 
@@ -86,27 +87,36 @@ def main() -> None:
     p.add_argument("--cases", default="nop,oracle,planted")
     p.add_argument("--planted", type=float, default=1.15)
     p.add_argument("--fixed", type=int, default=None, help="exactly this many pairs")
+    p.add_argument(
+        "--max-repeats", type=int, default=None, help="the adaptive plan's pair limit instead"
+    )
     args = p.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="servegym-precision-"))
-    print(f"{'task':<26} {'case':<8} {'#':>2} {'score':>6} {'interval':>15} {'+/-':>6} "
-          f"{'pairs':>5} {'stopped':<12} {'s':>5}")  # fmt: skip
+    print(f"{'task':<26} {'case':<8} {'#':>2} {'score':>6} {'interval':>15} "
+          f"{'+/-':>6} {'pairs':>5} {'stopped':<12} {'s':>5}")  # fmt: skip
     for task_id in args.tasks:
         loaded = load_task(task_id)
+        if args.max_repeats is not None:
+            limit = loaded.task.evaluation.model_copy(update={"max_repeats": args.max_repeats})
+            loaded = dataclasses.replace(
+                loaded, task=loaded.task.model_copy(update={"evaluation": limit})
+            )
         if args.fixed is not None:
-            ev = loaded.task.evaluation.model_copy(
+            fixed = loaded.task.evaluation.model_copy(
                 update={"repeats": args.fixed, "max_repeats": None}
             )
             loaded = dataclasses.replace(
-                loaded, task=loaded.task.model_copy(update={"evaluation": ev})
+                loaded, task=loaded.task.model_copy(update={"evaluation": fixed})
             )
         for case in args.cases.split(","):
             hits = 0
             for trial in range(args.trials):
+                head = f"{task_id:<26} {case:<8} {trial:>2}"
                 t0 = time.monotonic()
                 ev = run_case(loaded, case, trial, args.planted, logs)
                 took = time.monotonic() - t0
                 if ev.paired is None:
-                    print(f"{task_id:<26} {case:<8} {trial:>2} {ev.outcome}: {ev.error}")
+                    print(f"{head} {ev.outcome}: {ev.error}", flush=True)
                     continue
                 lo, hi = ev.paired.ci
                 tol = loaded.task.evaluation.nop_tolerance
@@ -117,11 +127,17 @@ def main() -> None:
                 }[case]
                 hits += hit
                 print(
-                    f"{task_id:<26} {case:<8} {trial:>2} {ev.paired.score:6.3f} "
-                    f"[{lo:6.3f}, {hi:6.3f}] {ev.info.half_width or 0:6.1%} "
-                    f"{len(ev.objective.pairs):5d} {ev.info.pairs_stopped or '-':<12} {took:5.0f}",
+                    f"{head} {ev.paired.score:6.3f} [{lo:6.3f}, {hi:6.3f}] "
+                    f"{ev.info.half_width or 0:6.1%} {len(ev.objective.pairs):5d} "
+                    f"{ev.info.pairs_stopped or '-':<12} {took:5.0f}",
                     flush=True,
                 )
+                # The pairs themselves: their spread is run-to-run noise, which more
+                # pairs average away; how far their centre sits from the truth (nop:
+                # 1.0) is the offset between the two launches, which no number of pairs
+                # removes.
+                ratios = " ".join(f"{r:.3f}" for r in ev.objective.pairs)
+                print(f"{'':<26} pairs {ratios}", flush=True)
             print(f"{task_id:<26} {case:<8} {hits}/{args.trials} as expected", flush=True)
     print(f"(server logs: {logs})")
 
