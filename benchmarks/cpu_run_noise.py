@@ -44,6 +44,7 @@ from servegym.engines.models import resolve_model
 from servegym.engines.process import ServerProcess, free_port
 from servegym.engines.served import run_watched
 from servegym.loadgen.target import RunOptions
+from servegym.sandbox.egress import descendants
 from servegym.tasks.loader import LoadedTask, load_task, workload_spec
 from servegym.tracks.base import pair_seed
 from servegym.tracks.real_measure import measure_run
@@ -59,21 +60,6 @@ def _threads(pid: int) -> list[int]:
         return []
 
 
-def _group(pgid: int) -> list[int]:
-    """The processes of process group ``pgid``."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
-            out.append(int(entry))
-    return out
-
-
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -81,10 +67,10 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def compute_cpus(pgid: int) -> set[int]:
+def compute_cpus(leader: int) -> set[int]:
     """The cores of the worker's bound compute threads (those with a one-core affinity)."""
     cores: set[int] = set()
-    for pid in _group(pgid):
+    for pid in descendants(leader):
         if not _comm(pid).startswith("VLLM::Worker"):
             continue
         for tid in _threads(pid):
@@ -113,8 +99,9 @@ def place(placement: str, server: ServerProcess) -> str:
     everything = os.sched_getaffinity(0)
     if placement == "as-is":
         return "as is"
-    assert server.pgid is not None
-    compute = compute_cpus(server.pgid)
+    leader = server.leader_pid()
+    assert leader is not None
+    compute = compute_cpus(leader)
     free = everything - compute
     if not compute or not free:
         return f"no bound compute thread found (compute {compute}); left as is"
@@ -123,7 +110,7 @@ def place(placement: str, server: ServerProcess) -> str:
     if placement == "pinned":
         others = [
             tid
-            for pid in _group(server.pgid)
+            for pid in descendants(leader)
             if not _comm(pid).startswith("VLLM::Worker")
             for tid in _threads(pid)
         ]

@@ -25,6 +25,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from servegym.engines.base import ModelRef, get_engine
 from servegym.engines.config import ServingConfig
 from servegym.engines.cpu_home import TINY_MODEL, track_paths
@@ -90,9 +92,6 @@ class ServerPool:
     def __getitem__(self, name: str) -> ServerProcess:
         return self.servers[name]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.servers
-
     def stop(self, name: str) -> None:
         server = self.servers.pop(name, None)
         self.configs.pop(name, None)
@@ -106,6 +105,12 @@ class ServerPool:
     def process_groups(self) -> set[int]:
         """The process groups of the running servers (each server and its children)."""
         return {s.pgid for s in self.servers.values() if s.pgid is not None}
+
+
+def selected_here(items: Sequence[pytest.Item], module_file: str) -> list[pytest.Item]:
+    """The session's selected tests that live in ``module_file`` (a module's ``__file__``):
+    what a module's servers are started for."""
+    return [item for item in items if item.path == Path(module_file)]
 
 
 def run_on(

