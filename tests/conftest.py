@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -181,6 +182,21 @@ def _mock_process(args: list[str]) -> Iterator[MockProcess]:
     except subprocess.TimeoutExpired:
         mp.proc.kill()
         mp.proc.wait()
+
+
+@pytest.fixture
+def stub_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ``$SERVEGYM_HOME`` whose ``servegym-tiny`` is a stub folder (its ``config.json``
+    only), for fast tests that build a cpu track, which resolves the model, but start no
+    server: they must pass on a fresh machine where ``servegym setup cpu`` never ran (the
+    quick start's suite runs before CI sets the track up)."""
+    from servegym.engines.cpu_home import track_paths
+
+    monkeypatch.setenv("SERVEGYM_HOME", str(tmp_path / "servegym-home"))
+    model = track_paths().tiny_model
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"model_type": "llama"}\n')
+    return model
 
 
 @pytest.fixture(scope="session")

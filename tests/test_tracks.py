@@ -197,7 +197,9 @@ def test_a_baseline_that_does_not_start_is_the_harness_s_error(loaded: LoadedTas
         evaluate(loaded, ServingConfig(), 11, track=track)
 
 
-def test_the_track_is_chosen_once_from_the_task(loaded: LoadedTask, tmp_path: Path) -> None:
+def test_the_track_is_chosen_once_from_the_task(
+    loaded: LoadedTask, tmp_path: Path, stub_tiny_model: Path
+) -> None:
     track = track_for(loaded)
     assert type(track) is SimTrack and loaded.task.traits.simulated
     assert type(track_for(load_task("rag-pipeline-throughput"))) is SimPipelineTrack
@@ -210,7 +212,7 @@ def test_the_track_is_chosen_once_from_the_task(loaded: LoadedTask, tmp_path: Pa
 
 
 def test_a_cpu_pipeline_task_gets_the_pipeline_plug_in_around_real_servers(
-    tmp_path: Path,
+    tmp_path: Path, stub_tiny_model: Path
 ) -> None:
     from test_pipeline_cpu_eval import make_task
 
