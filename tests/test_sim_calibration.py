@@ -41,6 +41,9 @@ CHEAP_GROUPS = (
     "vLLM blog, FP8 KV cache",
 )
 """Sources whose points simulate in well under a second each."""
+MLPERF_RATIO = "mlperf51-redhat-llama31-8b-fp8-h100-over-l40s-offline"
+PERF_CI = "vLLM perf CI"
+"""vLLM's CI benchmark on its H100 and H200 machines: the only vLLM measurements of the H200."""
 DOC_TARGET_MEDIAN = 0.10
 DOC_TARGET_MAX = 0.25
 """The issue's aim, as docs/simulator.md states it."""
@@ -79,7 +82,8 @@ def test_calibration_file_loads() -> None:
             assert p.not_simulable_reason, p.id
         p.serving_config()  # the knobs form a valid ServingConfig
     ratios = load_ratios()
-    assert ratios, "the MLPerf H100/L40S ratio check"
+    assert MLPERF_RATIO in {r.id for r in ratios}
+    assert {r.source_group for r in ratios if r.published_workload} == {PERF_CI}
     for r in ratios:
         assert {r.numerator, r.denominator} <= set(ids)
 
@@ -120,7 +124,9 @@ def test_script_computes_the_table(cal: ModuleType) -> None:
     assert groups[cal.FAMILY_VLLM].points + groups[cal.FAMILY_TRT].points == (
         groups[cal.ALL].points
     )
-    (ratio,) = report.ratios
+    ratios = {r.id: r for r in report.ratios}
+    assert set(ratios) == {r.id for r in load_ratios()}
+    ratio = ratios[MLPERF_RATIO]
     assert ratio.published == pytest.approx(5777.0 / 1642.0)
     assert len(ratio.spread) == 3 and all(v > 1 for _, v in ratio.spread)
     md = cal.render(report, markdown=True)
@@ -218,6 +224,32 @@ def test_leave_one_source_out_runs(cal: ModuleType) -> None:
     assert "| held out |" in text and "each source predicted by a fit without it" in text
 
 
+def test_leave_one_source_out_holds_out_a_source_of_ratios(cal: ModuleType) -> None:
+    """A source that only contributes ratios (vLLM's H100/H200 CI runs) is held out like a
+    source of points: its ratios leave the fit and are predicted by the fit on the rest, and
+    the default hold-out list includes it."""
+    (point,) = [p for p in load_calibration() if p.id == "vllm-llama31-8b-h100-bs1-mtbench"]
+    ratios = load_ratios()
+    params = [
+        q for q in cal.FIT_PARAMS if q.name in ("vllm.step_overhead_ms", "h200.mem_efficiency")
+    ]
+    held = cal.leave_one_source_out(
+        [point],
+        groups=[PERF_CI],
+        params=params,
+        ratios=ratios,
+        max_requests=40,
+        predict_max_requests=40,
+        max_nfev=3,
+    )
+    (h,) = held
+    assert h.group == PERF_CI and h.rows == []
+    assert list(h.fitted) == ["vllm.step_overhead_ms"]  # nothing left informs the H200
+    assert {r.group for r in h.ratios} == {PERF_CI} and len(h.ratios) == 2
+    text = cal.render_loso(held, cal.calibrate([point], max_requests=40), markdown=True)
+    assert "Ratio checks: fitted with every source, and held out" in text
+
+
 @pytest.mark.slow
 def test_full_calibration_as_documented(cal: ModuleType) -> None:
     """The whole table at the published request counts (a few minutes on one core), as
@@ -230,6 +262,6 @@ def test_full_calibration_as_documented(cal: ModuleType) -> None:
     assert vllm.median_abs_error <= 0.05 and vllm.max_abs_error <= 0.22
     trt = report.summary(cal.FAMILY_TRT)
     assert trt.median_abs_error <= 0.12 and trt.max_abs_error <= 0.16
-    (ratio,) = report.ratios
+    ratio = next(r for r in report.ratios if r.id == MLPERF_RATIO)
     assert -0.15 <= ratio.error <= 0.0
     assert max(v for _, v in ratio.spread) - min(v for _, v in ratio.spread) < 0.2
