@@ -33,7 +33,7 @@ import re
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +151,8 @@ class RatioRow:
     id: str
     numerator: str
     denominator: str
+    group: str
+    """The independent source (held out together by the leave-one-source-out check)."""
     setting: str
     published: float
     simulated: float
@@ -486,7 +488,8 @@ def simulate_ratio(
     profiles: Profiles | None = None,
     sensitivity: bool = True,
 ) -> RatioRow:
-    """Simulate both settings of a ratio on its stand-in workload(s)."""
+    """Simulate both settings of a ratio on its stand-in workload(s), each at its point's
+    endpoint (offline ``LLM.generate`` has no API server)."""
     num, den = points[r.numerator], points[r.denominator]
     w = r.stand_in
     arrival = _arrival(w)
@@ -506,19 +509,23 @@ def simulate_ratio(
                 spec,
                 engine_id=p.engine_profile,
                 profiles=profiles,
+                endpoint=p.endpoint,
             )
             values.append(_metric_value(p, m, run.stats.num_gpus))
         spread.append((inp, values[0] / values[1]))
     published = num.value / den.value
     simulated = spread[0][1]
+    tp = "" if num.tensor_parallel == 1 else f"TP{num.tensor_parallel} "
+    shape = f"{w.input_tokens}/{w.output_tokens}"
     setting = (
-        f"{num.hardware} / {den.hardware}, {num.model} {num.weights}, {w.arrival}, "
-        f"stand-in {w.input_tokens}/{w.output_tokens}, {n:,} req"
+        f"{tp}{num.hardware} / {den.hardware}, {num.model} {num.weights}, {w.arrival}, "
+        f"{shape if r.published_workload else 'stand-in ' + shape}, {n:,} req"
     )
     return RatioRow(
         id=r.id,
         numerator=r.numerator,
         denominator=r.denominator,
+        group=r.source_group,
         setting=setting,
         published=published,
         simulated=simulated,
@@ -718,11 +725,13 @@ def fit(
     log: bool = False,
 ) -> FitResult:
     """Least squares on log(simulated / published) over the simulable ``points`` and the
-    ``ratios`` (each ratio of two unsimulable points weighs as one source; its only
-    measurement of the L40S fits that GPU's compute efficiency).
+    ``ratios`` of unsimulable points (the MLPerf H100/L40S ratio, the only measurement of
+    the L40S, fits that GPU's compute efficiency; vLLM's H100/H200 latency ratios, the only
+    vLLM measurements of the H200, its bandwidth).
 
-    Each source (``group``) weighs the same in total (a point's weight is 1 / sqrt(points of
-    its source)), so one source with many points does not outvote the others; each parameter
+    Each source (``group``) weighs the same in total (a point's or ratio's weight is
+    1 / sqrt(points and ratios of its source)), so one source with many points does not
+    outvote the others; each parameter
     is pulled toward its ``prior`` with :data:`PRIOR_WEIGHT`. A point is re-simulated
     only when a parameter it depends on changed (results are cached by those values).
     Parameters the points do not touch are left out of the search. ``start``: values to
@@ -746,9 +755,10 @@ def fit(
         for q, v in zip(prm, shipped, strict=True)
     ]
     counts: dict[str, int] = {}
-    for p in pts:
-        counts[p.source_group] = counts.get(p.source_group, 0) + 1
+    for g in [p.source_group for p in pts] + [r.source_group for r, _, _ in rats]:
+        counts[g] = counts.get(g, 0) + 1
     weights = [1.0 / math.sqrt(counts[p.source_group]) for p in pts]
+    rat_weights = [1.0 / math.sqrt(counts[r.source_group]) for r, _, _ in rats]
     rel = [_relevant(p, prm) for p in pts]
     rat_rel = [sorted(set(_relevant(a, prm)) | set(_relevant(b, prm))) for _, a, b in rats]
     cache: dict[tuple[str, tuple[float, ...]], float] = {}
@@ -767,14 +777,14 @@ def fit(
                 sim = row.simulated if row.simulated is not None else p.value * 1e3
                 cache[key] = math.log(max(sim, 1e-9) / p.value)
             out.append(w * cache[key])
-        for (r, _, _), idx in zip(rats, rat_rel, strict=True):
+        for (r, _, _), w, idx in zip(rats, rat_weights, rat_rel, strict=True):
             key = (r.id, tuple(round(float(x[i]), 12) for i in idx))
             if key not in cache:
                 rr = simulate_ratio(
                     r, every, max_requests=max_requests, profiles=profiles, sensitivity=False
                 )
                 cache[key] = math.log(rr.simulated / rr.published)
-            out.append(cache[key])
+            out.append(w * cache[key])
         out += [PRIOR_WEIGHT * (lx - math.log(s)) for lx, s in zip(logx, priors, strict=True)]
         if log:
             print(f"  eval {calls}: cost {0.5 * sum(r * r for r in out):.5f}", flush=True)
@@ -810,6 +820,9 @@ class HeldOut:
     group: str
     rows: list[Row]
     fitted: dict[str, float]
+    ratios: list[RatioRow] = field(default_factory=list)
+    """The source's ratio checks, predicted by the same fit (a source of ratios only has
+    no rows)."""
 
 
 def leave_one_source_out(
@@ -824,25 +837,38 @@ def leave_one_source_out(
     max_nfev: int | None = None,
     log: bool = False,
 ) -> list[HeldOut]:
-    """For each vLLM/SGLang source (or the given ``groups``): fit on every other point,
-    then simulate the held-out source's points with that fit (at up to
+    """For each vLLM/SGLang source (or the given ``groups``): fit on every other point and
+    ratio, then simulate the held-out source's points and ratios with that fit (at up to
     ``predict_max_requests`` requests, as the fitted table). ``start`` warm-starts each
     refit from a full fit (the answer is the same; it only takes fewer steps)."""
     pts = [p for p in points if p.simulable]
+    every = {p.id: p for p in load_calibration()} | {p.id: p for p in points}
     if groups is None:
-        groups = sorted({p.source_group for p in pts if FAMILY_OF[p.engine] == FAMILY_VLLM})
+        groups = sorted(
+            {p.source_group for p in pts if FAMILY_OF[p.engine] == FAMILY_VLLM}
+            | {
+                r.source_group
+                for r in ratios
+                if FAMILY_OF[every[r.numerator].engine] == FAMILY_VLLM
+            }
+        )
     x0 = None if start is None else start.named()
     out = []
     for g in groups:
         train = [p for p in pts if p.source_group != g]
         test = [p for p in pts if p.source_group == g]
+        train_ratios = [r for r in ratios if r.source_group != g]
+        test_ratios = [r for r in ratios if r.source_group == g]
         if log:
-            print(f"leave out {g}: fit on {len(train)} points", flush=True)
+            print(
+                f"leave out {g}: fit on {len(train)} points and {len(train_ratios)} ratios",
+                flush=True,
+            )
         res = fit(
             train,
             params=params,
             start=x0,
-            ratios=ratios,
+            ratios=train_ratios,
             max_requests=max_requests,
             max_nfev=max_nfev,
         )
@@ -850,7 +876,11 @@ def leave_one_source_out(
         rows = [
             simulate_point(p, max_requests=predict_max_requests, profiles=profiles) for p in test
         ]
-        out.append(HeldOut(group=g, rows=rows, fitted=res.named()))
+        held_ratios = [
+            simulate_ratio(r, every, max_requests=predict_max_requests, profiles=profiles)
+            for r in test_ratios
+        ]
+        out.append(HeldOut(group=g, rows=rows, fitted=res.named(), ratios=held_ratios))
     return out
 
 
@@ -1082,14 +1112,46 @@ def render_loso(
                 hs.worst or "-",
             ]
         )
-    return "\n".join(
-        [
-            table(header, cells),
+    ratio_part: list[str] = []
+    held_ratios = [rr for h in held for rr in h.ratios]
+    if held_ratios:
+        fit_ratio = {rr.id: rr.error for rr in fitted.ratios}
+        ratio_part = [
             "",
-            "Absolute error per regime: before the calibration, with the full fit, and held out "
-            "(each source predicted by a fit without it):",
+            "Ratio checks: fitted with every source, and held out:",
+            "",
+            table(
+                ["ratio", "source", "published", "fit", "held out", "held-out simulated"],
+                [
+                    [
+                        rr.id,
+                        rr.group,
+                        f"{rr.published:.3f}",
+                        _pct(fit_ratio.get(rr.id)),
+                        _pct(rr.error),
+                        f"{rr.simulated:.3f}",
+                    ]
+                    for rr in held_ratios
+                ],
+            ),
+        ]
+    point_part: list[str] = []
+    if cells:  # a source of ratios only has no points to list
+        point_part = [table(header, cells)]
+    regime_part: list[str] = []
+    if sums:
+        regime_part = [
+            "",
+            "Absolute error per regime: before the calibration, with the full fit, and held "
+            "out (each source predicted by a fit without it):",
             "",
             table(["points", "model", "n", "median", "worst", "bias"], sums),
+        ]
+    return "\n".join(
+        [
+            *point_part,
+            *ratio_part,
+            *regime_part,
             "",
             "Per source: fitted with every source, and held out:",
             "",
@@ -1106,7 +1168,7 @@ def render_loso(
                 per_source,
             ),
         ]
-    )
+    ).lstrip("\n")
 
 
 def main() -> None:
@@ -1125,6 +1187,12 @@ def main() -> None:
         "--write", action="store_true", help="with --fit: write the fitted numbers to profiles/"
     )
     ap.add_argument("--loso", action="store_true", help="also run the leave-one-source-out check")
+    ap.add_argument(
+        "--loso-group",
+        action="append",
+        metavar="SOURCE",
+        help="with --loso: hold out only this source (repeatable; default: every vLLM source)",
+    )
     ap.add_argument("--max-nfev", type=int, default=None, help="limit the fit's evaluations")
     ap.add_argument(
         "--start",
@@ -1160,7 +1228,12 @@ def main() -> None:
     held: list[HeldOut] = []
     if args.loso:
         held = leave_one_source_out(
-            points, start=result, ratios=load_ratios(), max_nfev=args.max_nfev, log=True
+            points,
+            groups=args.loso_group,
+            start=result,
+            ratios=load_ratios(),
+            max_nfev=args.max_nfev,
+            log=True,
         )
         before = calibrate(points, ratios=[], profiles=before_profiles())
         print("")

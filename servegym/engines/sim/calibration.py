@@ -12,10 +12,14 @@ simulation uses instead, chosen where the published figure hardly depends on the
 throughput, where prefill is a few percent of the time) and marked as judgment in the notes.
 
 A *ratio* (``[[ratio]]``) compares two points through the ratio of their figures when
-neither can be simulated on its own (the dataset's lengths are unknown) but both were measured
-on the same workload: both settings are simulated on the same stand-in workload, and the
-simulated ratio is compared with the published one. The stand-in's prompt length can be
-varied (``sensitivity_input_tokens``) to show how little the ratio depends on it.
+neither can be simulated on its own but both were measured on the same workload: both
+settings are simulated on the same stand-in workload, and the simulated ratio is compared
+with the published one. Either the dataset's lengths are unknown (the stand-in is judgment,
+and its prompt length can be varied, ``sensitivity_input_tokens``, to show how little the
+ratio depends on it), or the workload is published but the absolute figures carry a cost the
+model does not price (an old engine version's host work, one machine's CPU), which the ratio
+of two GPUs measured by the same harness cancels (``published_workload``: the stand-in is the
+published workload itself).
 """
 
 from __future__ import annotations
@@ -202,11 +206,26 @@ class CalibrationRatio(_Data):
     stand_in: CalibrationWorkload = Field(
         description="the workload both settings are simulated on (fixed lengths)"
     )
+    published_workload: bool = Field(
+        default=False,
+        description="the stand-in is the published workload itself (the ratio stands in for "
+        "absolute figures the model cannot reproduce, not for unknown lengths)",
+    )
     sensitivity_input_tokens: list[int] = Field(
         default_factory=list,
         description="other stand-in prompt lengths to simulate, to show the ratio's spread",
     )
+    group: str | None = Field(
+        default=None,
+        description="the independent source the ratio belongs to, for the fit's per-source "
+        "weights and leave-one-source-out checks; default: the ratio's own id",
+    )
     notes: str = ""
+
+    @property
+    def source_group(self) -> str:
+        """The independent source this ratio is held out with (``group``, else its id)."""
+        return self.group or self.id
 
 
 class _CalibrationFile(_Data):
