@@ -7,6 +7,7 @@ has no Gemini SDK (the real CLI drives it in ``tests/test_cli_agents_docker.py``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +23,7 @@ from servegym.providers.fakes import (
     ScriptedToolCall,
     ScriptStep,
     final_text,
+    load_script,
     main,
     tool_call,
 )
@@ -327,3 +329,22 @@ async def test_gemini_side_requests_and_token_counting_leave_the_script_alone() 
             step = await r.json()
         assert step["candidates"][0]["content"]["parts"] == [{"text": "the one step"}]
     assert fake.side_answers == 2 and fake.steps_served == 1
+
+
+def test_the_replay_scripts_call_each_clis_shell_tool() -> None:
+    """``agents/scripts/CLI-fake.json`` (docs/agents.md's replay without a key): each
+    loads, and calls the shell tool its CLI offers (a tool the request does not offer is a
+    400); the tool names are the ones the real CLIs' trials found."""
+    shells = {
+        "claude-code": "Bash",
+        "codex": "exec_command",
+        "gemini-cli": "run_shell_command",
+        "opencode": "bash",
+    }
+    folder = Path(__file__).parents[1] / "agents" / "scripts"
+    for cli, tool in shells.items():
+        script = load_script(folder / f"{cli}-fake.json")
+        calls = [c for step in script for c in step.tool_calls]
+        assert calls and {c.name for c in calls} == {tool}, cli
+        assert isinstance(calls[-1].arguments, dict)
+        assert "servegym-agent submit" in json.dumps(calls[-1].arguments), cli
