@@ -230,21 +230,37 @@ def test_codex_command_and_env(tmp_path: Path) -> None:
     assert env["OPENAI_API_KEY"] == env["CODEX_API_KEY"] == "servegym-proxy-TOKEN"
 
 
-def test_gemini_cli_command_and_env(tmp_path: Path) -> None:
+def test_gemini_cli_command_env_and_settings(tmp_path: Path) -> None:
     a = GeminiCliAdapter("gemini-2.5-pro")
-    assert a.command("PROMPT") == ["gemini", "-p", "PROMPT", "--model", "gemini-2.5-pro", "--yolo"]
+    assert a.command("PROMPT") == [
+        "gemini", "-p", "PROMPT", "--output-format", "stream-json", "--model", "gemini-2.5-pro",
+        "--approval-mode", "yolo", "--skip-trust",
+    ]  # fmt: skip
+    assert "--model" not in GeminiCliAdapter().command("P")
     env = a.environment(setup_for(tmp_path))
     assert env["GOOGLE_GEMINI_BASE_URL"] == "http://172.17.0.1:41000"
     assert env["GEMINI_API_KEY"] == "servegym-proxy-TOKEN"
+    # A base URL alone makes Gemini CLI 0.61 pick the "gateway" auth, which its headless
+    # mode refuses; the home's settings pick the API key (tests/test_cli_agents_docker.py).
+    (path, text), *others = a.home_files().items()
+    assert path == ".gemini/settings.json" and not others
+    settings = json.loads(text)
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert settings["tools"]["shell"]["inactivityTimeout"] >= 30 * 60
+    assert "servegym-proxy" not in text
+    assert ClaudeCodeAdapter().home_files() == {}
 
 
 def test_opencode_command_and_config(tmp_path: Path) -> None:
     a = OpenCodeAdapter("anthropic/claude-sonnet-4-5")
     assert a.provider == "anthropic"
     assert a.command("PROMPT") == [
-        "opencode", "run", "--model", "anthropic/claude-sonnet-4-5", "PROMPT",
+        "opencode", "run", "--format", "json", "--model", "anthropic/claude-sonnet-4-5", "PROMPT",
     ]  # fmt: skip
-    config = json.loads(a.environment(setup_for(tmp_path))["OPENCODE_CONFIG_CONTENT"])
+    env = a.environment(setup_for(tmp_path))
+    assert int(env["OPENCODE_EXPERIMENTAL_BASH_DEFAULT_TIMEOUT_MS"]) >= 30 * 60 * 1000
+    assert env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
     assert config["provider"] == {
         "anthropic": {
             "options": {"baseURL": "http://172.17.0.1:41000/v1", "apiKey": "servegym-proxy-TOKEN"}
@@ -729,6 +745,29 @@ def test_sessions_until_the_budget_is_spent(
     assert session["exit_code"] == 0 and session["control_calls"] == 2
     assert "improvement" in session["output_tail"]
     assert (tmp_path / "trial" / "cli-agent" / "session-1.log").exists()
+
+
+def test_the_home_holds_the_adapters_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemini CLI's settings are in the mounted home when its session starts."""
+    monkeypatch.setenv("GEMINI_API_KEY", REAL_KEY)
+    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=1)
+    env.workspace.root.mkdir()
+    (env.workspace.root / "start_server.sh").write_text("#!/bin/sh\n")
+    seen: dict[str, str] = {}
+
+    class Sessions(ProcessSessions):
+        def run(
+            self, kwargs: dict[str, Any], timeout_s: float, log_path: Path, stop: Callable[[], bool]
+        ) -> SessionResult:
+            home = next(h for h, m in binds(kwargs).items() if m["bind"] == CONTAINER_HOME)
+            seen["settings"] = (Path(home) / ".gemini" / "settings.json").read_text()
+            return super().run(kwargs, timeout_s, log_path, stop)
+
+    agent = make_cli_agent("gemini-cli", "gemini-2.5-pro", sessions=Sessions(lambda i: []))
+    agent.trajectory_path = tmp_path / "trial" / "trajectory.jsonl"
+    agent.run(env, seed=0)
+    assert json.loads(seen["settings"])["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert REAL_KEY not in seen["settings"]
 
 
 def test_cli_agent_needs_a_workspace_or_a_config(

@@ -1,5 +1,6 @@
 """The real coding CLIs in their Docker sandbox, driven by a scripted fake model: Claude Code
-(Anthropic Messages, streamed) and Codex CLI (the OpenAI Responses API, streamed) each run
+(Anthropic Messages, streamed), Codex CLI (the OpenAI Responses API, streamed), Gemini CLI
+(the Gemini API, streamed) and OpenCode (Anthropic Messages through its own SDK) each run
 ``servegym-agent benchmark`` and ``submit`` on a sim task, through the key proxy, to a
 scored trial; by hand (``beyond_ci``), Claude Code also works a cpu task's launcher.
 
@@ -22,6 +23,7 @@ from servegym.agents.cli.adapters import DEFAULT_IMAGE
 from servegym.agents.cli.background import BackgroundLoop
 from servegym.providers.fakes import (
     FakeAnthropic,
+    FakeGemini,
     FakeOpenAIResponses,
     FakeServer,
     ScriptStep,
@@ -76,6 +78,7 @@ def trial_with(
         )
     finally:
         loop.run(fake.close())
+    print(f"\n{loaded.id} {agent}: {result.outcome} {result.score} cost {result.agent_cost}")
     return result, trial_folder(out, loaded.id, agent, 0)
 
 
@@ -167,6 +170,73 @@ def test_codex_runs_a_sim_trial_through_the_proxy(
     session = next(r for r in records if r["kind"] == "session")
     assert session["exit_code"] == 0
     assert "servegym-agent submit" in session["output_tail"]  # codex exec --json's events
+
+
+def test_gemini_cli_runs_a_sim_trial_through_the_proxy(
+    image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GEMINI_API_KEY", HARNESS_KEY)
+
+    def shell(command: str) -> ScriptStep:
+        return tool_call("run_shell_command", {"command": command, "description": "step"})
+
+    script = [
+        shell("cat serving.toml; servegym-agent benchmark --quick"),
+        shell(f"{TUNE} && servegym-agent benchmark"),
+        shell("servegym-agent submit"),
+        shell("env | sort"),
+        final_text("Submitted max_num_seqs = 64."),
+    ]
+    fake = serve(loop, FakeGemini(script, side_requests=True))
+    result, folder = trial_with(
+        loop, fake, load_task_folder(TASK), "gemini-cli:gemini-2.5-pro", image, tmp_path / "runs"
+    )
+    records = check_trial(folder, result, fake)
+    session = next(r for r in records if r["kind"] == "session")
+    assert session["exit_code"] == 0
+    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    assert all(":streamGenerateContent" in r.path for r in fake.requests)
+    log = (folder / "cli-agent" / "session-0.log").read_text()
+    events = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    commands = [e["parameters"]["command"] for e in events if e.get("type") == "tool_use"]
+    assert commands[2] == "servegym-agent submit"
+    assert events[-1]["type"] == "result" and events[-1]["status"] == "success"
+    assert "GEMINI_API_KEY=servegym-proxy-" in log and HARNESS_KEY not in log
+
+
+def test_opencode_runs_a_sim_trial_through_the_proxy(
+    image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", HARNESS_KEY)
+
+    def bash(command: str) -> ScriptStep:
+        return tool_call("bash", {"command": command, "description": "step"})  # OpenCode 1.18's
+
+    script = [
+        bash("cat serving.toml; servegym-agent benchmark --quick"),
+        bash(f"{TUNE} && servegym-agent benchmark"),
+        bash("servegym-agent submit"),
+        final_text("Submitted max_num_seqs = 64."),
+    ]
+    fake = serve(loop, FakeAnthropic(script, side_requests=True))
+    result, folder = trial_with(
+        loop,
+        fake,
+        load_task_folder(TASK),
+        "opencode:anthropic/claude-sonnet-4-5",
+        image,
+        tmp_path / "runs",
+    )
+    records = check_trial(folder, result, fake)
+    session = next(r for r in records if r["kind"] == "session")
+    assert session["exit_code"] == 0
+    assert fake.side_answers >= 1  # its title, asked of a small model beside the loop
+    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    log = (folder / "cli-agent" / "session-0.log").read_text()
+    events = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    tools = [e["part"] for e in events if e.get("type") == "tool_use"]
+    assert [t["state"]["input"]["command"] for t in tools][2] == "servegym-agent submit"
+    assert all(t["state"]["status"] == "completed" for t in tools)
 
 
 FLOAT32 = 'sed -i \'s/--port "$PORT"/--port "$PORT" --dtype float32/\' start_server.sh'

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 
@@ -13,6 +14,7 @@ from servegym.agents.cli.proxy import KeyProxy
 from servegym.agents.cli.usage import CostMeter, UsageReader, billed, request_model
 from servegym.providers.fakes import (
     FakeAnthropic,
+    FakeGemini,
     FakeOpenAIResponses,
     ScriptStep,
     final_text,
@@ -125,3 +127,27 @@ async def test_the_proxy_counts_streamed_calls_and_not_token_counting() -> None:
             pass
     assert proxy.meter.summary()["input_tokens"] == 70
     assert proxy.meter.summary()["output_tokens"] == 6
+
+
+async def test_the_proxy_counts_gemini_streams_and_prices_them() -> None:
+    """Gemini CLI's calls: streamed, the key in ``x-goog-api-key``; ``countTokens`` free."""
+    step = tool_call("run_shell_command", {"command": "ls"}, input_tokens=2000, output_tokens=50)
+    async with (
+        FakeGemini([step], api_key="g-real", side_requests=True) as up,
+        KeyProxy("gemini", "g-real", upstream=up.url + "/v1beta", client_token="tok") as proxy,
+        aiohttp.ClientSession(headers={"x-goog-api-key": "tok"}) as http,
+    ):
+        base = proxy.url + "/v1beta/models/gemini-2.5-pro"
+        body = {
+            "contents": [{"role": "user", "parts": [{"text": "go"}]}],
+            "tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}],
+        }
+        async with http.post(base + ":streamGenerateContent?alt=sse", json=body) as r:
+            assert r.status == 200 and "functionCall" in await r.text()
+        async with http.post(base + ":countTokens", json=body) as r:
+            assert r.status == 200
+    cost = proxy.meter.summary()
+    assert cost["calls"] == 1 and cost["calls_by_model"] == {"gemini-2.5-pro": 1}
+    assert (cost["input_tokens"], cost["output_tokens"]) == (2000, 50)
+    assert cost["dollars"] is not None and cost["dollars"] > 0  # pricing.toml lists it
+    assert all(r.api_key == "g-real" for r in up.requests)

@@ -1,10 +1,13 @@
 """The streaming fakes, driven by the real SDK clients: Anthropic Messages with server-sent
 events and tool use (what Claude Code speaks), the OpenAI Responses API streamed (what Codex
-CLI speaks), and the side requests a coding CLI makes beside its loop."""
+CLI speaks), and the side requests a coding CLI makes beside its loop; the Gemini API
+(``streamGenerateContent?alt=sse``, what Gemini CLI speaks) over plain HTTP, since ServeGym
+has no Gemini SDK (the real CLI drives it in ``tests/test_cli_agents_docker.py``)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,11 +16,14 @@ import openai
 import pytest
 
 from servegym.providers.fakes import (
+    SIDE_TEXT,
     FakeAnthropic,
+    FakeGemini,
     FakeOpenAIResponses,
     ScriptedToolCall,
     ScriptStep,
     final_text,
+    load_script,
     main,
     tool_call,
 )
@@ -179,7 +185,7 @@ def test_command_line_names_the_apis(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "openai-responses" in out and "--script-only" in out
+    assert "openai-responses" in out and "gemini" in out and "--script-only" in out
 
 
 async def test_unstreamed_side_request_through_plain_http() -> None:
@@ -193,3 +199,152 @@ async def test_unstreamed_side_request_through_plain_http() -> None:
             answer = await r.json()
         assert r.status == 200 and answer["content"][0]["text"] == "step"
         assert fake.side_answers == 0 and fake.steps_served == 1
+
+
+# --------------------------------------------------------------------------- Gemini
+
+SHELL_DECLARATION = {
+    "functionDeclarations": [
+        {
+            "name": "run_shell_command",
+            "description": "run a command",
+            "parametersJsonSchema": {"type": "object", "properties": {"command": {}}},
+        }
+    ]
+}
+
+
+async def sse_chunks(response: aiohttp.ClientResponse) -> list[dict[str, Any]]:
+    """The ``data:`` objects of a server-sent event stream, as the genai SDK reads them."""
+    text = await response.text()
+    return [
+        json.loads(line[5:])
+        for block in text.split("\n\n")
+        for line in block.splitlines()
+        if line.startswith("data:")
+    ]
+
+
+async def test_gemini_streams_a_function_call_then_text() -> None:
+    script = [
+        tool_call(
+            "run_shell_command",
+            {"command": "servegym-agent budget"},
+            text="Checking.",
+            input_tokens=500,
+            output_tokens=12,
+        ),
+        final_text("Done.", input_tokens=600, output_tokens=3),
+    ]
+    user = {"role": "user", "parts": [{"text": "tune it"}]}
+    async with FakeGemini(script, api_key="g-key") as fake, aiohttp.ClientSession() as http:
+        url = fake.url + "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        body = {"contents": [user], "tools": [SHELL_DECLARATION]}
+        async with http.post(url, json=body, headers={"x-goog-api-key": "g-key"}) as r:
+            assert r.status == 200 and r.content_type == "text/event-stream"
+            chunks = await sse_chunks(r)
+        parts = [p for c in chunks for p in c["candidates"][0]["content"]["parts"]]
+        assert parts[0] == {"text": "Checking."}
+        call = parts[1]["functionCall"]
+        assert call == {"name": "run_shell_command", "args": {"command": "servegym-agent budget"}}
+        assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+        assert "finishReason" not in chunks[0]["candidates"][0]
+        usage = chunks[-1]["usageMetadata"]
+        assert (usage["promptTokenCount"], usage["candidatesTokenCount"]) == (500, 12)
+
+        answered = [
+            user,
+            {"role": "model", "parts": parts},
+            {
+                "role": "user",
+                "parts": [{"functionResponse": {"name": call["name"], "response": {"ok": 1}}}],
+            },
+        ]
+        plain = fake.url + "/v1beta/models/gemini-2.5-pro:generateContent?key=g-key"
+        async with http.post(plain, json={**body, "contents": answered}) as r:
+            done = await r.json()
+        assert r.status == 200
+        assert done["candidates"][0]["content"]["parts"] == [{"text": "Done."}]
+        assert done["usageMetadata"]["candidatesTokenCount"] == 3
+        assert fake.exhausted and len(fake.bodies()) == 2
+
+        async with http.post(url, json=body, headers={"x-goog-api-key": "wrong"}) as r:
+            refused = await r.json()
+        assert r.status == 401 and refused["error"]["status"] == "UNAUTHENTICATED"
+
+
+async def test_gemini_refuses_an_unanswered_function_call_like_the_api() -> None:
+    async with FakeGemini([final_text("x")]) as fake, aiohttp.ClientSession() as http:
+        contents = [
+            {"role": "user", "parts": [{"text": "go"}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command"}}]},
+            {"role": "user", "parts": [{"text": "and?"}]},
+        ]
+        url = fake.url + "/v1beta/models/m:generateContent"
+        async with http.post(url, json={"contents": contents}) as r:
+            error = await r.json()
+        assert r.status == 400 and error["error"]["status"] == "INVALID_ARGUMENT"
+        assert "number of function response parts" in error["error"]["message"]
+        async with http.post(url, json={"contents": []}) as r:
+            assert r.status == 400
+        assert fake.steps_served == 0
+
+
+async def test_gemini_side_requests_and_token_counting_leave_the_script_alone() -> None:
+    """Gemini CLI's model router and next-speaker check ask for JSON by a schema, with no
+    function offered: they get the least object the schema allows (a text would not parse,
+    and the CLI would retry for minutes); ``countTokens`` is answered with an estimate."""
+    schema = {
+        "type": "OBJECT",
+        "properties": {
+            "reasoning": {"type": "STRING"},
+            "next_speaker": {"type": "STRING", "enum": ["user", "model"]},
+            "score": {"type": "INTEGER"},
+            "extra": {"type": "ARRAY"},
+        },
+        "required": ["reasoning", "next_speaker", "score"],
+    }
+    side = {
+        "contents": [{"role": "user", "parts": [{"text": "who speaks next?"}]}],
+        "generationConfig": {"responseMimeType": "application/json", "responseJsonSchema": schema},
+    }
+    async with (
+        FakeGemini([final_text("the one step")], side_requests=True) as fake,
+        aiohttp.ClientSession() as http,
+    ):
+        base = fake.url + "/v1beta/models/gemini-2.5-flash-lite"
+        async with http.post(base + ":generateContent", json=side) as r:
+            answer = await r.json()
+        text = answer["candidates"][0]["content"]["parts"][0]["text"]
+        assert json.loads(text) == {"reasoning": SIDE_TEXT, "next_speaker": "user", "score": 1}
+        untyped = {"contents": side["contents"], "tools": [{"functionDeclarations": []}]}
+        async with http.post(base + ":generateContent", json=untyped) as r:
+            plain = await r.json()
+        assert plain["candidates"][0]["content"]["parts"] == [{"text": SIDE_TEXT}]
+        async with http.post(base + ":countTokens", json={"contents": [{"parts": []}] * 40}) as r:
+            counted = await r.json()
+        assert counted["totalTokens"] > 100
+        body = {"contents": side["contents"], "tools": [SHELL_DECLARATION]}
+        async with http.post(base + ":generateContent", json=body) as r:
+            step = await r.json()
+        assert step["candidates"][0]["content"]["parts"] == [{"text": "the one step"}]
+    assert fake.side_answers == 2 and fake.steps_served == 1
+
+
+def test_the_replay_scripts_call_each_clis_shell_tool() -> None:
+    """``agents/scripts/CLI-fake.json`` (docs/agents.md's replay without a key): each
+    loads, and calls the shell tool its CLI offers (a tool the request does not offer is a
+    400); the tool names are the ones the real CLIs' trials found."""
+    shells = {
+        "claude-code": "Bash",
+        "codex": "exec_command",
+        "gemini-cli": "run_shell_command",
+        "opencode": "bash",
+    }
+    folder = Path(__file__).parents[1] / "agents" / "scripts"
+    for cli, tool in shells.items():
+        script = load_script(folder / f"{cli}-fake.json")
+        calls = [c for step in script for c in step.tool_calls]
+        assert calls and {c.name for c in calls} == {tool}, cli
+        assert isinstance(calls[-1].arguments, dict)
+        assert "servegym-agent submit" in json.dumps(calls[-1].arguments), cli

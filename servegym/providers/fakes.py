@@ -1,15 +1,21 @@
-"""Fake LLM provider servers: the Anthropic Messages API and OpenAI Chat Completions, scripted.
+"""Fake LLM provider servers, scripted: Anthropic Messages, OpenAI Chat Completions and
+Responses, and the Gemini API.
 
-Each server listens on 127.0.0.1 (a free port unless given one), answers the real SDKs
-pointed at its ``base_url`` with non-streaming JSON responses, and replays a script: the n-th
-answered request gets the n-th :class:`ScriptStep` (text and/or tool calls, with usage). They
-need no key and no network, so agent loops can be tested end to end, and a researcher can
-replay a run's tool calls through the real clients.
+Each server listens on 127.0.0.1 (a free port unless given one), answers the real SDKs (and
+the coding CLIs) pointed at its ``base_url`` with JSON, or server-sent events where the
+request asks to stream, and replays a script: the n-th answered request gets the n-th
+:class:`ScriptStep` (text and/or tool calls, with usage). They need no key and no network,
+so agent loops can be tested end to end, and a researcher can replay a run's tool calls
+through the real clients.
 
 - :class:`FakeAnthropic`: ``POST /v1/messages`` (content blocks ``text`` / ``tool_use``,
   ``usage``, ``stop_reason``); ``base_url`` is ``http://127.0.0.1:PORT``.
 - :class:`FakeOpenAI`: ``POST /v1/chat/completions`` (``choices[0].message.tool_calls``,
   ``finish_reason``, ``usage``) and ``GET /v1/models``; ``base_url`` ends in ``/v1``.
+- :class:`FakeOpenAIResponses`: ``POST /v1/responses`` (Codex CLI's API).
+- :class:`FakeGemini`: ``POST /v1beta/models/MODEL:generateContent`` and
+  ``:streamGenerateContent?alt=sse`` (``functionCall`` parts, ``usageMetadata``; Gemini
+  CLI's API); ``base_url`` is ``http://127.0.0.1:PORT``.
 
 Fault injection (:class:`Fault`), consumed in order: ``Fault.rate_limited(2)`` answers the
 next two requests with 429 and ``retry-after``, ``Fault.server_error()`` answers every later
@@ -56,7 +62,9 @@ from servegym.aio_serve import serve_app
 from servegym.errors import UserError
 
 __all__ = [
+    "SIDE_TEXT",
     "FakeAnthropic",
+    "FakeGemini",
     "FakeOpenAI",
     "FakeOpenAIResponses",
     "FakeServer",
@@ -271,7 +279,7 @@ class FakeServer:
 
     def bodies(self) -> list[Any]:
         """The parsed bodies of the requests to the API endpoint, in order."""
-        return [r.body for r in self.requests if r.path == self.endpoint]
+        return [r.body for r in self.requests if self.is_endpoint(r.path)]
 
     @property
     def exhausted(self) -> bool:
@@ -305,7 +313,7 @@ class FakeServer:
         extra = self._other_route(request)
         if extra is not None:
             return extra
-        if request.path != self.endpoint or request.method != "POST":
+        if not self.is_endpoint(request.path) or request.method != "POST":
             return self._error(404, f"no route {request.method} {request.path}")
         if self.expected_api_key is not None and record.api_key != self.expected_api_key:
             return self._error(401, "invalid API key")
@@ -331,7 +339,7 @@ class FakeServer:
             return self._error(400, problem)
         if self.is_side_request(record.body):
             self.side_answers += 1
-            side = ScriptStep(text=SIDE_TEXT)
+            side = self.side_step(record.body)
             return await self._reply(request, side, 900 + self.side_answers, record.body, len(text))
         if self.exhausted:
             return self._error(
@@ -360,7 +368,7 @@ class FakeServer:
         request_bytes: int,
     ) -> web.StreamResponse:
         """The step as JSON, or as server-sent events when the request asked to stream."""
-        if body.get("stream") is True:
+        if self.streams(request, body):
             response = web.StreamResponse(
                 status=200,
                 headers={"content-type": "text/event-stream", "cache-control": "no-cache"},
@@ -373,6 +381,14 @@ class FakeServer:
             return response
         return web.json_response(self.render(step, index, body, request_bytes))
 
+    def is_endpoint(self, path: str) -> bool:
+        """Whether ``path`` is the API's scripted endpoint."""
+        return path == self.endpoint
+
+    def streams(self, request: web.Request, body: dict[str, Any]) -> bool:
+        """Whether the request asked for server-sent events."""
+        return body.get("stream") is True
+
     def tool_names(self, body: dict[str, Any]) -> set[str]:
         """The names of the tools a request offers."""
         return {str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)}
@@ -380,6 +396,10 @@ class FakeServer:
     def is_side_request(self, body: dict[str, Any]) -> bool:
         """A request beside the agent loop (see :attr:`side_requests`): it offers no tools."""
         return self.side_requests and not body.get("tools")
+
+    def side_step(self, body: dict[str, Any]) -> ScriptStep:
+        """The answer to a side request: a short text."""
+        return ScriptStep(text=SIDE_TEXT)
 
     def _next_fault(self) -> Fault | None:
         while self._fault_index < len(self.faults):
@@ -905,6 +925,231 @@ class FakeOpenAIResponses(FakeOpenAI):
         return [(e["type"], {**e, "sequence_number": k}) for k, e in enumerate(raw)]
 
 
+# --------------------------------------------------------------------------- Gemini
+
+_GEMINI_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+_GEMINI_FINISH = {"end_turn": "STOP", "stop": "STOP", "max_tokens": "MAX_TOKENS"}
+
+
+def _schema_instance(schema: Any) -> Any:
+    """The least value a JSON schema (OpenAPI's upper-case types too) accepts: an enum's
+    first value, each required property of an object, an empty array, 1, false, a text."""
+    if not isinstance(schema, dict):
+        return SIDE_TEXT
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = str(schema.get("type", "object")).lower()
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        required = schema.get("required") or list(properties)
+        return {name: _schema_instance(properties.get(name)) for name in required}
+    return {"array": [], "integer": 1, "number": 1, "boolean": False}.get(kind, SIDE_TEXT)
+
+
+class FakeGemini(FakeServer):
+    """A scripted Gemini API (``POST /v1beta/models/MODEL:generateContent``, and
+    ``:streamGenerateContent?alt=sse`` streamed), as Gemini CLI speaks it: the history comes
+    back in ``contents`` each time (a ``model`` turn's ``functionCall`` parts answered by as
+    many ``functionResponse`` parts in the next ``user`` turn). ``:countTokens`` is answered
+    with an estimate and ``GET /v1beta/models`` with one model, neither spending a step."""
+
+    api = "gemini"
+    endpoint = "/v1beta/models/MODEL:generateContent"
+    base_path = ""
+    _METHODS = (":generateContent", ":streamGenerateContent")
+
+    def is_endpoint(self, path: str) -> bool:
+        return path.startswith("/v1beta/models/") and path.endswith(self._METHODS)
+
+    def streams(self, request: web.Request, body: dict[str, Any]) -> bool:
+        return request.path.endswith(":streamGenerateContent")
+
+    def _key_of(self, request: web.Request) -> str | None:
+        return (
+            request.headers.get("x-goog-api-key")
+            or request.query.get("key")
+            or super()._key_of(request)
+        )
+
+    def _other_route(self, request: web.Request) -> web.StreamResponse | None:
+        path = request.path
+        if (
+            request.method == "POST"
+            and path.startswith("/v1beta/models/")
+            and path.endswith(":countTokens")
+        ):
+            length = request.content_length or 0
+            return web.json_response({"totalTokens": length // 4 + 1})
+        if request.method == "GET" and path.rstrip("/") == "/v1beta/models":
+            return web.json_response({"models": [{"name": "models/fake", "version": "fake"}]})
+        return None
+
+    def _error(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        body = {"error": {"code": status, "message": message, "status": _GEMINI_STATUS.get(status)}}
+        return web.json_response(body, status=status, headers=headers)
+
+    def tool_names(self, body: dict[str, Any]) -> set[str]:
+        return {
+            str(d.get("name"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+            for d in t.get("functionDeclarations") or []
+            if isinstance(d, dict)
+        }
+
+    def is_side_request(self, body: dict[str, Any]) -> bool:
+        """No function offered: Gemini CLI's next-speaker check, loop detection and
+        summaries send ``tools`` with none, or none at all."""
+        return self.side_requests and not self.tool_names(body)
+
+    def side_step(self, body: dict[str, Any]) -> ScriptStep:
+        """A short text, or where the request asks for JSON (Gemini CLI's model router and
+        next-speaker check do), the least object its schema allows: a text that does not
+        parse makes the CLI retry for minutes before it falls back."""
+        config = body.get("generationConfig") or {}
+        if config.get("responseMimeType") != "application/json":
+            return super().side_step(body)
+        schema = config.get("responseJsonSchema") or config.get("responseSchema") or {}
+        return ScriptStep(text=json.dumps(_schema_instance(schema)))
+
+    def validate(self, body: dict[str, Any]) -> str | None:
+        for i, tool in enumerate(body.get("tools") or []):
+            if not isinstance(tool, dict):
+                return f"Invalid value at 'tools[{i}]': expected an object"
+            for j, decl in enumerate(tool.get("functionDeclarations") or []):
+                if not isinstance(decl, dict) or not isinstance(decl.get("name"), str):
+                    return (
+                        f"* GenerateContentRequest.tools[{i}].function_declarations[{j}].name: "
+                        "field required"
+                    )
+        contents = body.get("contents")
+        if not isinstance(contents, list) or not contents:
+            return "* GenerateContentRequest.contents: contents is not specified"
+        pending: list[str] = []
+        for i, content in enumerate(contents):
+            role = content.get("role") if isinstance(content, dict) else None
+            if role not in ("user", "model", "function", None):
+                return f"Please use a valid role: user, model (contents[{i}])"
+            parts = content.get("parts") if isinstance(content, dict) else None
+            if not isinstance(parts, list) or not parts:
+                return f"* GenerateContentRequest.contents[{i}].parts: must not be empty."
+            calls = [
+                str(p["functionCall"].get("name"))
+                for p in parts
+                if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)
+            ]
+            answers = [
+                str(p["functionResponse"].get("name"))
+                for p in parts
+                if isinstance(p, dict) and isinstance(p.get("functionResponse"), dict)
+            ]
+            if pending and sorted(answers) != sorted(pending):
+                return (
+                    "Please ensure that the number of function response parts is equal to the "
+                    f"number of function call parts of the function call turn (contents[{i}] "
+                    f"answers {answers or 'nothing'}, the calls were {pending})."
+                )
+            if answers and not pending:
+                return f"contents[{i}]: a function response without a function call before it"
+            if calls and role != "model":
+                return f"contents[{i}]: function calls come from the model"
+            pending = calls
+        if pending:
+            return (
+                "Please ensure that function call turn comes immediately after a user turn or "
+                f"after a function response turn (unanswered: {', '.join(pending)})."
+            )
+        return None
+
+    def _parts(self, step: ScriptStep) -> list[dict[str, Any]]:
+        parts: list[dict[str, Any]] = []
+        if step.text:
+            parts.append({"text": step.text})
+        for call in step.tool_calls:
+            arguments: Any = call.arguments
+            if isinstance(arguments, str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    arguments = json.loads(arguments)
+            function: dict[str, Any] = {"name": call.name, "args": arguments}
+            if call.id is not None:
+                function["id"] = call.id
+            parts.append({"functionCall": function})
+        return parts
+
+    def _usage(
+        self, step: ScriptStep, request_bytes: int, output: int | None = None
+    ) -> dict[str, Any]:
+        input_tokens, output_tokens = _estimate_tokens(step, request_bytes)
+        out = output_tokens if output is None else output
+        usage: dict[str, Any] = {
+            "promptTokenCount": input_tokens,
+            "candidatesTokenCount": out,
+            "totalTokenCount": input_tokens + out,
+        }
+        if step.cache_read_tokens:
+            usage["cachedContentTokenCount"] = step.cache_read_tokens
+        return usage
+
+    def render(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> dict[str, Any]:
+        finish = _GEMINI_FINISH.get(step.stop_reason or "stop", step.stop_reason or "STOP")
+        return {
+            "candidates": [
+                {
+                    "content": {"role": "model", "parts": self._parts(step)},
+                    "finishReason": finish,
+                    "index": 0,
+                }
+            ],
+            "usageMetadata": self._usage(step, request_bytes),
+            "modelVersion": "fake",
+            "responseId": f"fake-{index:03d}",
+        }
+
+    def events(
+        self, step: ScriptStep, index: int, body: dict[str, Any], request_bytes: int
+    ) -> list[tuple[str | None, dict[str, Any]]]:
+        """``alt=sse``: one chunk per part (no ``event:`` line), each a whole
+        ``GenerateContentResponse``; the last carries the finish reason, and every chunk the
+        usage so far (the prompt's tokens from the first)."""
+        final = self.render(step, index, body, request_bytes)
+        parts = final["candidates"][0]["content"]["parts"] or [{"text": ""}]
+        out: list[tuple[str | None, dict[str, Any]]] = []
+        for n, part in enumerate(parts):
+            last = n == len(parts) - 1
+            candidate: dict[str, Any] = {
+                "content": {"role": "model", "parts": [part]},
+                "index": 0,
+            }
+            if last:
+                candidate["finishReason"] = final["candidates"][0]["finishReason"]
+            usage = final["usageMetadata"] if last else self._usage(step, request_bytes, 0)
+            out.append(
+                (
+                    None,
+                    {
+                        "candidates": [candidate],
+                        "usageMetadata": usage,
+                        "modelVersion": "fake",
+                        "responseId": final["responseId"],
+                    },
+                )
+            )
+        return out
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -912,6 +1157,7 @@ FAKES: dict[str, type[FakeServer]] = {
     "anthropic": FakeAnthropic,
     "openai": FakeOpenAI,
     "openai-responses": FakeOpenAIResponses,
+    "gemini": FakeGemini,
 }
 
 
@@ -919,14 +1165,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Serve a script until interrupted: ``python -m servegym.providers.fakes``."""
     parser = argparse.ArgumentParser(
         prog="python -m servegym.providers.fakes",
-        description="Serve a scripted fake Anthropic or OpenAI API on 127.0.0.1.",
+        description="Serve a scripted fake Anthropic, OpenAI or Gemini API on 127.0.0.1.",
     )
     parser.add_argument(
         "--api",
         choices=list(FAKES),
         required=True,
-        help="anthropic: Messages (Claude Code); openai: Chat Completions; "
-        "openai-responses: the Responses API (Codex CLI)",
+        help="anthropic: Messages (Claude Code, OpenCode); openai: Chat Completions; "
+        "openai-responses: the Responses API (Codex CLI, OpenCode); gemini: the Gemini API "
+        "(Gemini CLI)",
     )
     parser.add_argument("--script", required=True, help="a JSON list of steps")
     parser.add_argument("--port", type=int, default=0)

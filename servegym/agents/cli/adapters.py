@@ -23,11 +23,17 @@ codex          ``codex exec --dangerously-bypass-approvals-and-sandbox --skip-gi
                [--model M] PROMPT`` (the proxy as a Responses-API provider without
                WebSockets; ``OPENAI_API_KEY`` and ``CODEX_API_KEY``; the container is the
                sandbox)
-gemini-cli     ``gemini -p PROMPT [--model M] --yolo`` (``GOOGLE_GEMINI_BASE_URL``,
-               ``GEMINI_API_KEY``)
-opencode       ``opencode run --model PROVIDER/M PROMPT`` (``OPENCODE_CONFIG_CONTENT``: the
-               provider's ``baseURL`` and ``apiKey``, every permission allowed)
+gemini-cli     ``gemini -p PROMPT --output-format stream-json [--model M] --approval-mode
+               yolo --skip-trust`` (``GOOGLE_GEMINI_BASE_URL``, ``GEMINI_API_KEY``; the
+               home's ``.gemini/settings.json`` picks API-key auth, which a base URL alone
+               would not, and lets a shell command run an hour without output)
+opencode       ``opencode run --format json --model PROVIDER/M PROMPT``
+               (``OPENCODE_CONFIG_CONTENT``: the provider's ``baseURL`` and ``apiKey``, every
+               permission allowed; the bash tool's default timeout an hour)
 =============  ==========================================================================
+
+An adapter may also put files into the CLI's fresh home before its first session
+(:meth:`CliAdapter.home_files`): Gemini CLI's settings.
 
 The prompts: :func:`first_prompt` gives the task's instruction and how to use
 ``servegym-agent``; after a session ends with budget left, :func:`continuation_prompt` says
@@ -133,6 +139,11 @@ class CliAdapter:
     def provider_env(self, proxy_url: str, credential: str) -> dict[str, str]:
         """The variables that point the CLI at the proxy, with the placeholder credential."""
         raise NotImplementedError
+
+    def home_files(self) -> dict[str, str]:
+        """Files for the CLI's home before its first session: path relative to the home, and
+        text (none by default). No credential goes here: the home is the trial's."""
+        return {}
 
     def environment(self, setup: SessionSetup) -> dict[str, str]:
         env = {
@@ -249,21 +260,41 @@ class CodexAdapter(CliAdapter):
         }
 
 
+GEMINI_SETTINGS: dict[str, Any] = {
+    # With GOOGLE_GEMINI_BASE_URL set and no auth type chosen, Gemini CLI 0.61 takes the
+    # "gateway" type, which its headless mode then refuses ("Invalid auth method selected.");
+    # chosen here, the API key type reads GEMINI_API_KEY and still honours the base URL.
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    # A shell command is stopped after 300 s without output by default; a real-track
+    # benchmark may print nothing for minutes.
+    "tools": {"shell": {"inactivityTimeout": BASH_TIMEOUT_MS // 1000}},
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+}
+"""Gemini CLI's user settings in a session's home (``~/.gemini/settings.json``)."""
+
+
 class GeminiCliAdapter(CliAdapter):
-    """Gemini CLI headless, every action approved (YOLO mode)."""
+    """Gemini CLI headless, every action approved (YOLO mode), the workspace trusted."""
 
     cli = "gemini-cli"
     executable = "gemini"
     provider: Vendor = "gemini"
 
     def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
-        argv = ["gemini", "-p", prompt]
+        argv = ["gemini", "-p", prompt, "--output-format", "stream-json"]
         if self.model:
             argv += ["--model", self.model]
-        return [*argv, "--yolo"]
+        # Without --skip-trust an untrusted folder turns YOLO back into "default", and a
+        # headless session then refuses every tool call.
+        return [*argv, "--approval-mode", "yolo", "--skip-trust"]
 
     def provider_env(self, proxy_url: str, credential: str) -> dict[str, str]:
         return {"GOOGLE_GEMINI_BASE_URL": proxy_url, "GEMINI_API_KEY": credential}
+
+    def home_files(self) -> dict[str, str]:
+        return {".gemini/settings.json": json.dumps(GEMINI_SETTINGS, indent=2) + "\n"}
 
 
 OPENCODE_PROVIDERS: dict[str, Vendor] = {
@@ -319,7 +350,8 @@ class OpenCodeAdapter(CliAdapter):
         return f"{self.opencode_provider}/{self.model}"
 
     def command(self, prompt: str, proxy_url: str | None = None) -> list[str]:
-        return ["opencode", "run", "--model", f"{self.label}", prompt]
+        # --format json: its events (tool calls with their input and output) in the log.
+        return ["opencode", "run", "--format", "json", "--model", f"{self.label}", prompt]
 
     def config(self, proxy_url: str, credential: str) -> dict[str, Any]:
         """OpenCode's configuration: the provider at the proxy, every permission allowed."""
@@ -336,7 +368,15 @@ class OpenCodeAdapter(CliAdapter):
         }
 
     def provider_env(self, proxy_url: str, credential: str) -> dict[str, str]:
-        return {"OPENCODE_CONFIG_CONTENT": json.dumps(self.config(proxy_url, credential))}
+        return {
+            "OPENCODE_CONFIG_CONTENT": json.dumps(self.config(proxy_url, credential)),
+            # Its model list is built in; models.dev is not reachable from the sandbox.
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            # The bash tool stops a command after 2 minutes by default (as Claude Code's).
+            "OPENCODE_EXPERIMENTAL_BASH_DEFAULT_TIMEOUT_MS": str(BASH_TIMEOUT_MS),
+        }
 
 
 ADAPTERS: dict[str, type[CliAdapter]] = {

@@ -430,12 +430,16 @@ class CliAgent(AgentBase):
             return None
         return f"{os.getuid()}:{os.getgid()}"
 
-    @staticmethod
-    def _prepare(work: Path) -> tuple[Path, Path]:
-        """The folders mounted in the container: ``bin`` (the command) and ``home``."""
+    def _prepare(self, work: Path) -> tuple[Path, Path]:
+        """The folders mounted in the container: ``bin`` (the command) and ``home``, with the
+        adapter's files (:meth:`~servegym.agents.cli.adapters.CliAdapter.home_files`)."""
         bin_dir, home_dir = work / "bin", work / "home"
         bin_dir.mkdir(parents=True, exist_ok=True)
         home_dir.mkdir(parents=True, exist_ok=True)
+        for relative, text in self.adapter.home_files().items():
+            path = home_dir / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
         script = resources.files("servegym.agents.cli").joinpath(AGENT_SCRIPT).read_text("utf-8")
         (bin_dir / AGENT_SCRIPT).write_text(script, encoding="utf-8")
         wrapper = bin_dir / WRAPPER
