@@ -107,6 +107,28 @@ def check_trial(folder: Path, result: Any, fake: FakeServer) -> list[dict[str, A
     return records
 
 
+def sim_trial(
+    loop: BackgroundLoop, fake: FakeServer, agent: str, image: str, tmp_path: Path
+) -> tuple[Path, dict[str, Any]]:
+    """``agent`` on the sim task against ``fake`` (started here), with what every CLI's sim
+    trial must show (:func:`check_trial`, the session's exit 0, dollars counted); the trial's
+    folder and the session's trajectory record."""
+    result, folder = trial_with(
+        loop, serve(loop, fake), load_task_folder(TASK), agent, image, tmp_path / "runs"
+    )
+    records = check_trial(folder, result, fake)
+    session = next(r for r in records if r["kind"] == "session")
+    assert session["exit_code"] == 0
+    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    return folder, session
+
+
+def session_events(folder: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The first session's log, and the JSON events the CLI printed in it."""
+    log = (folder / "cli-agent" / "session-0.log").read_text()
+    return log, [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+
+
 def test_claude_code_runs_a_sim_trial_through_the_proxy(
     image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,19 +149,8 @@ def test_claude_code_runs_a_sim_trial_through_the_proxy(
         tool_call("Bash", {"command": "env | sort", "description": "the environment"}),
         final_text("Submitted max_num_seqs = 64."),
     ]
-    fake = serve(loop, FakeAnthropic(script, side_requests=True))
-    result, folder = trial_with(
-        loop,
-        fake,
-        load_task_folder(TASK),
-        "claude-code:claude-sonnet-4-5",
-        image,
-        tmp_path / "runs",
-    )
-    records = check_trial(folder, result, fake)
-    session = next(r for r in records if r["kind"] == "session")
-    assert session["exit_code"] == 0
-    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    fake = FakeAnthropic(script, side_requests=True)
+    folder, _ = sim_trial(loop, fake, "claude-code:claude-sonnet-4-5", image, tmp_path)
     # The CLI's own stream-json shows its tool calls, and the container's environment dumped:
     # the proxy's per-trial token (which spends nothing once the trial ends), never the key.
     env_dump = (folder / "cli-agent" / "session-0.log").read_text()
@@ -162,13 +173,8 @@ def test_codex_runs_a_sim_trial_through_the_proxy(
         shell("servegym-agent submit"),
         final_text("Submitted max_num_seqs = 64."),
     ]
-    fake = serve(loop, FakeOpenAIResponses(script, side_requests=True))
-    result, folder = trial_with(
-        loop, fake, load_task_folder(TASK), "codex:gpt-5", image, tmp_path / "runs"
-    )
-    records = check_trial(folder, result, fake)
-    session = next(r for r in records if r["kind"] == "session")
-    assert session["exit_code"] == 0
+    fake = FakeOpenAIResponses(script, side_requests=True)
+    _, session = sim_trial(loop, fake, "codex:gpt-5", image, tmp_path)
     assert "servegym-agent submit" in session["output_tail"]  # codex exec --json's events
 
 
@@ -187,17 +193,10 @@ def test_gemini_cli_runs_a_sim_trial_through_the_proxy(
         shell("env | sort"),
         final_text("Submitted max_num_seqs = 64."),
     ]
-    fake = serve(loop, FakeGemini(script, side_requests=True))
-    result, folder = trial_with(
-        loop, fake, load_task_folder(TASK), "gemini-cli:gemini-2.5-pro", image, tmp_path / "runs"
-    )
-    records = check_trial(folder, result, fake)
-    session = next(r for r in records if r["kind"] == "session")
-    assert session["exit_code"] == 0
-    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
+    fake = FakeGemini(script, side_requests=True)
+    folder, _ = sim_trial(loop, fake, "gemini-cli:gemini-2.5-pro", image, tmp_path)
     assert all(":streamGenerateContent" in r.path for r in fake.requests)
-    log = (folder / "cli-agent" / "session-0.log").read_text()
-    events = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    log, events = session_events(folder)
     commands = [e["parameters"]["command"] for e in events if e.get("type") == "tool_use"]
     assert commands[2] == "servegym-agent submit"
     assert events[-1]["type"] == "result" and events[-1]["status"] == "success"
@@ -218,22 +217,10 @@ def test_opencode_runs_a_sim_trial_through_the_proxy(
         bash("servegym-agent submit"),
         final_text("Submitted max_num_seqs = 64."),
     ]
-    fake = serve(loop, FakeAnthropic(script, side_requests=True))
-    result, folder = trial_with(
-        loop,
-        fake,
-        load_task_folder(TASK),
-        "opencode:anthropic/claude-sonnet-4-5",
-        image,
-        tmp_path / "runs",
-    )
-    records = check_trial(folder, result, fake)
-    session = next(r for r in records if r["kind"] == "session")
-    assert session["exit_code"] == 0
+    fake = FakeAnthropic(script, side_requests=True)
+    folder, _ = sim_trial(loop, fake, "opencode:anthropic/claude-sonnet-4-5", image, tmp_path)
     assert fake.side_answers >= 1  # its title, asked of a small model beside the loop
-    assert result.agent_cost is not None and result.agent_cost["dollars"] > 0
-    log = (folder / "cli-agent" / "session-0.log").read_text()
-    events = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    _, events = session_events(folder)
     tools = [e["part"] for e in events if e.get("type") == "tool_use"]
     assert [t["state"]["input"]["command"] for t in tools][2] == "servegym-agent submit"
     assert all(t["state"]["status"] == "completed" for t in tools)
