@@ -54,7 +54,8 @@ def test_backlog_growth_reads_the_share_of_arrivals_not_served() -> None:
 
 def test_a_credited_rate_is_delivered_over_a_long_steady_run() -> None:
     """A config credited with rate R serves at least 0.97 R over twice the probe's length
-    on another sample (the property the steady window and the backlog check exist for)."""
+    on another sample (the property the steady window and the backlog check exist for),
+    counted over the second half, once the batch has filled."""
     loaded = load_task("tiny-maxrate", TASKS)
     spec, _ = workload_spec(loaded)
     engine = launch(loaded.task.model, loaded.task.hardware, ServingConfig())
@@ -64,6 +65,6 @@ def test_a_credited_rate_is_delivered_over_a_long_steady_run() -> None:
     n = 2 * loaded.task.objective.rate_requests
     run = simulate(engine, materialise(steady_spec(spec, m.rate, n), 99), noise_seed=99)
     recs = sorted(run.records, key=lambda r: r.scheduled_ns)
-    start, end = recs[n // 10].scheduled_ns, recs[-1].scheduled_ns
+    start, end = recs[n // 2].scheduled_ns, recs[-1].scheduled_ns
     done = sum(1 for r in recs if r.done_ns is not None and start <= r.done_ns <= end)
     assert done / ((end - start) / S) >= 0.97 * m.rate

@@ -70,7 +70,7 @@ class ObjectiveSpec(_Strict):
         default=0.01, gt=0, lt=1, description="relative resolution of the rate search"
     )
     rate_requests: int = Field(
-        default=1200,
+        default=4800,
         ge=50,
         le=100_000,
         description="requests one probe of the rate search sends as one steady Poisson "
