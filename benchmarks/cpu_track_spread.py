@@ -20,6 +20,7 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import cast
 
 from servegym.cpu_track.setup import require_cpu_track
 from servegym.cpu_track.workloads import probe_workloads
@@ -133,7 +134,7 @@ async def main() -> None:
     for r in rows:
         print(
             f"{r['workload']:<10} {r['figure']:<18} {r['median']:>10} "
-            f"{float(r['spread']):>7.1%} {float(r['cv']):>6.1%}  {r['values']}"
+            f"{cast(float, r['spread']):>7.1%} {cast(float, r['cv']):>6.1%}  {r['values']}"
         )
     effects: list[dict[str, object]] = []
     if args.compare:

@@ -132,13 +132,13 @@ def main() -> int:
     cold_med = {k: statistics.median(w for w, _ in v) for k, v in colds.items()}
     cold_cpu = {k: statistics.median(c for _, c in v) for k, v in colds.items()}
     warm_cpu_med = {k: statistics.median(v) for k, v in warm_cpu.items()}
-    inner = {k: statistics.median(v) for k, v in trial_wall.items()}
+    trial_med = {k: statistics.median(v) for k, v in trial_wall.items()}
     print(f"task {args.task}, {len(CALLS)} scripted calls, median of {args.repeats} runs")
     print(f"{'':28}{'servegym run':>14}{'inspect eval':>14}{'ratio':>8}{'added':>9}")
-    rows = [
+    rows: list[tuple[str, dict[str, float]]] = [
         ("warm, whole call (wall)", med),
         ("warm, whole call (CPU)", warm_cpu_med),
-        ("warm, the trial's wall_s", inner),
+        ("warm, the trial's wall_s", trial_med),
         ("cold, fresh process (wall)", cold_med),
         ("cold, fresh process (CPU)", cold_cpu),
     ]

@@ -676,10 +676,12 @@ def apply_params(params: Sequence[Param], values: Sequence[float], base: Profile
     """``base`` with the fitted fields set to ``values``."""
     engines, hw = dict(base[0]), dict(base[1])
     for prm, v in zip(params, values, strict=True):
-        table: dict[str, EngineProfile] | dict[str, HardwareProfile]
-        table = engines if prm.kind == "engine" else hw
+        update = {prm.field: float(v)}
         for t in prm.targets:
-            table[t] = table[t].model_copy(update={prm.field: float(v)})  # type: ignore[index]
+            if prm.kind == "engine":
+                engines[t] = engines[t].model_copy(update=update)
+            else:
+                hw[t] = hw[t].model_copy(update=update)
     return engines, hw
 
 
