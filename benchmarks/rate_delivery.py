@@ -32,6 +32,7 @@ from servegym.engines.sim.launch import LaunchedEngine
 from servegym.loadgen.records import RequestRecord
 from servegym.scoring.objectives import RATE_KIND_SET
 from servegym.scoring.sla import SLA
+from servegym.scoring.steady import served_rate
 from servegym.tasks.loader import LoadedTask, load_task, task_folders, workload_spec
 from servegym.tasks.secrets import scoring_seed
 from servegym.tasks.spec import ObjectiveSpec
@@ -39,8 +40,6 @@ from servegym.tracks.base import TrackSetup
 from servegym.tracks.sim import SimSide, SimTrack, first_rate
 from servegym.tracks.sim_measure import at_rate
 from servegym.workloads.generate import materialise
-
-NS = 1_000_000_000
 
 
 def _has_rate(o: ObjectiveSpec) -> bool:
@@ -76,13 +75,10 @@ def delivered(
     wl = materialise(long, seed, base_dir=base_dir)
     run = simulate(engine, wl, noise=True, noise_seed=seed)
     recs = sorted((r for r in run.records if not r.warmup), key=lambda r: r.scheduled_ns)
-    start = recs[len(recs) // 2].scheduled_ns
-    end = recs[-1].scheduled_ns
-    done = sum(1 for r in recs if r.ok and r.done_ns is not None and start <= r.done_ns <= end)
     steady = recs[len(recs) // 2 :]
     sla = loaded.task.sla or SLA()
     attain = sum(_meets(r, sla) for r in steady) / len(steady)
-    return done / ((end - start) / NS), attain
+    return served_rate(recs), attain
 
 
 async def _credited(loaded: LoadedTask, config: ServingConfig) -> tuple[float | None, object]:

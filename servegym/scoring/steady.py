@@ -60,3 +60,19 @@ def backlog_growth(records: Sequence[RequestRecord], start_ns: int) -> tuple[flo
     if n == 0:
         return 0.0, 0.0
     return (second - first) / n, math.sqrt(max(first, 1.0)) / n
+
+
+def served_rate(records: Sequence[RequestRecord]) -> float:
+    """Requests completed per second over the second half of a steady run's arrival span
+    (from the middle arrival to the last). The first half lets the system fill: a
+    continuous-batching server's batch, and with it each request's time in the system, grows
+    for tens of seconds before it levels off, so counting from early on undercounts a
+    server that keeps up. 0.0 when the span is empty."""
+    arrivals = sorted(r.scheduled_ns for r in records)
+    if len(arrivals) < 2:
+        return 0.0
+    start, end = arrivals[len(arrivals) // 2], arrivals[-1]
+    if end <= start:
+        return 0.0
+    done = sum(1 for r in records if r.ok and r.done_ns is not None and start <= r.done_ns <= end)
+    return done / ((end - start) / 1e9)
