@@ -73,9 +73,12 @@ def run_inspect(task: str, out: Path) -> tuple[float, float | None, float]:
         display="none",
     )
     wall = time.perf_counter() - t0
+    if not log.samples or not log.samples[0].scores:
+        raise RuntimeError(f"inspect eval of {task} logged no scored sample ({log.status})")
     score = log.samples[0].scores["final_evaluation"]
-    trial = read_trial(Path(score.metadata["trial_folder"]) / "trial.json")
-    return wall, score.metadata["score"], trial.timing.wall_s if trial.timing else float("nan")
+    meta = score.metadata or {}
+    trial = read_trial(Path(meta["trial_folder"]) / "trial.json")
+    return wall, meta["score"], trial.timing.wall_s if trial.timing else float("nan")
 
 
 RUNNERS = {"servegym": run_servegym, "inspect": run_inspect}
