@@ -20,7 +20,7 @@ from servegym.engines.config import ServingConfig
 from servegym.engines.knob_info import KnobInfo
 from servegym.errors import HarnessError
 from servegym.runner.environment import TrackEnvironment
-from servegym.runner.evaluation import evaluate
+from servegym.runner.evaluation import evaluate, pair_order
 from servegym.scoring.integrity import Finding
 from servegym.scoring.objectives import UNITS, IntegrityCounts, ObjectiveMeasurement
 from servegym.tasks.loader import LoadedTask, load_task
@@ -155,11 +155,18 @@ def loaded() -> LoadedTask:
     return load_task("tiny-throughput", TASKS)
 
 
-def test_a_stand_in_track_is_evaluated_in_alternating_pairs(loaded: LoadedTask) -> None:
+def test_a_stand_in_track_is_evaluated_in_pairs_of_alternating_order(loaded: LoadedTask) -> None:
     track = StandInTrack()
     ev = evaluate(loaded, ServingConfig(), 11, track=track)
     repeats = loaded.task.evaluation.repeats
-    pairs = [c for i in range(repeats) for c in (f"baseline {i}", f"submission {i}")]
+    assert repeats >= 3
+    # B, S then S, B: drift between a pair's two runs cancels over the pairs
+    pairs = [f"{role} {i}" for i in range(repeats) for role in pair_order(i)]
+    assert pairs[:6] == [
+        *("baseline 0", "submission 0"),
+        *("submission 1", "baseline 1"),
+        *("baseline 2", "submission 2"),
+    ]
     assert track.calls == ["start baseline", "start submission", *pairs, "close"]
     assert ev.outcome == "scored"
     assert ev.score == pytest.approx(1.5)
@@ -170,11 +177,16 @@ def test_a_stand_in_track_is_evaluated_in_alternating_pairs(loaded: LoadedTask) 
 
 
 def test_a_crash_ends_the_pairs(loaded: LoadedTask) -> None:
-    track = StandInTrack(crash_at=1)
-    ev = evaluate(loaded, ServingConfig(), 11, track=track)
-    assert ev.outcome == "crashed" and ev.error == "the stand-in died"
-    assert track.calls[-3:] == ["baseline 1", "submission 1", "close"]
-    assert ev.score is None
+    for crash_at, last in (
+        (1, ["submission 1", "baseline 1"]),
+        (2, ["baseline 2", "submission 2"]),
+    ):
+        track = StandInTrack(crash_at=crash_at)
+        ev = evaluate(loaded, ServingConfig(), 11, track=track)
+        assert ev.outcome == "crashed" and ev.error == "the stand-in died"
+        # the crashed pair's baseline is measured whichever side went first; then they end
+        assert track.calls[-3:] == [*last, "close"]
+        assert ev.score is None
 
 
 def test_gates_come_from_the_track(loaded: LoadedTask) -> None:

@@ -4,10 +4,10 @@
 workload: the task's workload spec materialised with the hidden scoring seed
 (:func:`servegym.tasks.secrets.scoring_seed`), which no agent ever sees. The harness
 starts both sides itself (nothing of the agent phase carries over) and measures them in
-pairs, alternating ``B, S, B, S, ...`` for ``task.evaluation.repeats`` repeats. The order
-(gates, baseline, submission, warm-up, pairs, checks of both live sides after the pairs,
-crash handling, accuracy, integrity, conclusion) is this module's; how a side starts and
-is measured is the track's (:mod:`servegym.tracks`). On every track each pair runs its own
+pairs, ``B, S`` then ``S, B`` (:func:`pair_order`), for ``task.evaluation.repeats`` repeats.
+The order (gates, baseline, submission, warm-up, pairs, checks of both live sides after the
+pairs, crash handling, accuracy, integrity, conclusion) is this module's; how a side starts
+and is measured is the track's (:mod:`servegym.tracks`). On every track each pair runs its own
 sample of the scoring workload (:func:`servegym.tracks.base.pair_seed`), so a trial's
 interval covers the workload's sample-to-sample variation as well as run noise.
 
@@ -67,7 +67,7 @@ from servegym.tasks.loader import LoadedTask
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
 from servegym.tracks import track_for
-from servegym.tracks.base import SampleInfo, SideCrashed, StartedSide, Track
+from servegym.tracks.base import Role, SampleInfo, SideCrashed, StartedSide, Track
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(stage, done, total)`` during the evaluation."""
@@ -256,7 +256,7 @@ async def _evaluate(
     track: Track,
     progress: ProgressFn | None,
 ) -> Evaluation:
-    """Gates, baseline, submission, warm-up, alternating pairs ``B, S, B, S, ...``, checks of
+    """Gates, baseline, submission, warm-up, pairs ``B, S, S, B, B, S, ...``, checks of
     both live sides (``after_pairs``), crash handling, accuracy, integrity, conclusion: the
     order every track follows."""
     task = loaded.task
@@ -283,22 +283,26 @@ async def _evaluate(
         started = time.monotonic()
         for i in range(n_pairs):
             total = max(total, (i + 1) * (2 if up else 1))
-            b = await session.measure(base, "baseline", i)
-            done += 1
-            if progress is not None:
-                progress("evaluation", done, total)
+            both = sub is not None and sub.up and crashed is None
             s: ObjectiveMeasurement | None = None
-            if sub is not None and sub.up and crashed is None:
-                try:
-                    s = await session.measure(sub, "submission", i)
-                except SideCrashed as e:
-                    crashed = e.reason
-                    pairs.append((b, None))
-                    break
+            b: ObjectiveMeasurement | None = None
+            for role in pair_order(i) if both else ("baseline",):
+                if role == "baseline":
+                    b = await session.measure(base, "baseline", i)
+                else:
+                    assert sub is not None
+                    try:
+                        s = await session.measure(sub, "submission", i)
+                    except SideCrashed as e:
+                        crashed = e.reason
+                        continue  # the pair's baseline is still measured, then they end
                 done += 1
                 if progress is not None:
                     progress("evaluation", done, total)
+            assert b is not None
             pairs.append((b, s))
+            if crashed is not None:
+                break
             if s is not None:
                 ratios = [measurement_improvement(task.objective, b, s) for b, s in _both(pairs)]
                 stop = plan.decide(ratios, time.monotonic() - started)
@@ -345,6 +349,16 @@ async def _evaluate(
         submission_side=submission_side,
         crashed=crashed,
     )
+
+
+def pair_order(i: int) -> tuple[Role, Role]:
+    """Which side pair ``i`` measures first: ``B, S`` then ``S, B``, and so on (an ABBA
+    design). On a real machine a pair's second run meets a machine that has drifted since
+    its first (its speed comes and goes, caches and clocks change): always measuring the
+    submission second would carry that drift into every ratio the same way, and its mean
+    into the score. Alternating the order lets it cancel over the pairs; on the simulator a
+    run's noise comes from its seed alone, so the order changes nothing there."""
+    return ("baseline", "submission") if i % 2 == 0 else ("submission", "baseline")
 
 
 def _both(

@@ -1,6 +1,6 @@
 """The score of a paired evaluation, and its bootstrap interval.
 
-The final evaluation measures the baseline and the submission in pairs (B, S, B, S, ...),
+The final evaluation measures the baseline and the submission in pairs (B, S, S, B, ...),
 each run with its own noise. Every pair gives one improvement ratio ``r_i`` (> 1: better;
 latency and cost inverted). The score is the **geometric mean of the paired ratios**,
 ``exp(mean(log r_i))``:

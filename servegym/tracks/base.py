@@ -3,10 +3,10 @@
 A track (``sim``, ``cpu``, ``gpu``, and a pipeline task on either) is chosen once per task
 (:func:`servegym.tracks.track_for`). The final evaluation
 (:func:`servegym.runner.evaluation.evaluate`) owns the order of things (gates, baseline,
-submission, warm-up, alternating pairs, crash handling, accuracy, integrity, conclusion) and
-asks the track's :class:`EvaluationSession` for each step: start a side, warm it up,
-measure it on pair ``i``'s workload sample, its accuracy, the integrity findings of the
-submission's runs, stop. Adding a track is one module that implements these.
+submission, warm-up, pairs in alternating order, crash handling, accuracy, integrity,
+conclusion) and asks the track's :class:`EvaluationSession` for each step: start a side, warm
+it up, measure it on pair ``i``'s workload sample, its accuracy, the integrity findings of
+the submission's runs, stop. Adding a track is one module that implements these.
 """
 
 from __future__ import annotations

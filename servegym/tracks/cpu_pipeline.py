@@ -4,7 +4,7 @@ Its final evaluation (the order is :func:`servegym.runner.evaluation.evaluate`'s
 the whole pipeline in pairs, as :mod:`servegym.tracks.real` does for a server: the
 baseline's and the submission's servers (each side's answer server, and its grader's with
 ``grade_server = "dedicated"``) start fresh from their configs and stay up; they are measured
-in alternating pairs ``B, S, B, S, ...`` for ``evaluation.repeats`` repeats, each pair on its
+in pairs ``B, S, S, B, ...`` for ``evaluation.repeats`` repeats, each pair on its
 own question set (the hidden scoring seed for the first pair, seeds derived from it for the
 others; both sides of a pair get the same questions). Before the pairs each side runs
 :data:`WARMUP_QUESTIONS` questions of a warm-up seed, not measured: it builds the side's

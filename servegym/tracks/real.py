@@ -14,7 +14,7 @@ seconds, start-up included, and so is every workspace command.
 (:mod:`servegym.tracks.sim`; the order of the final evaluation is
 :func:`servegym.runner.evaluation.evaluate`'s): the scoring workload is the task's
 spec at the hidden scoring seed; the harness launches the baseline and the submission
-itself from their configs alone, and measures them in alternating pairs ``B, S, B, S, ...``
+itself from their configs alone, and measures them in pairs ``B, S, S, B, B, S, ...``
 for ``task.evaluation.repeats`` repeats, on two servers that stay up for the whole
 evaluation (a start-up per run would cost minutes and measure nothing more). Because the
 servers stay up, each pair runs its own sample of the workload (the scoring seed for the
