@@ -181,6 +181,48 @@ async def test_responses_api_streams_a_function_call_then_text_through_the_sdk()
             )
 
 
+EXEC_TOOLS = [
+    {"type": "function", "name": name, "parameters": {"type": "object", "properties": {}}}
+    for name in ("exec_command", "write_stdin")
+]
+
+
+async def test_responses_fake_polls_a_running_codex_session_like_a_model() -> None:
+    """Codex hands a command still running after its wait to a session; the fake polls it
+    with ``write_stdin`` until it exits, and only then takes the script's next step."""
+    script = [
+        tool_call("exec_command", {"cmd": "servegym-agent benchmark"}),
+        final_text("Benchmarked."),
+    ]
+    async with FakeOpenAIResponses(script) as fake:
+        client = openai.AsyncOpenAI(api_key="placeholder", base_url=fake.base_url)
+        items: list[Any] = [{"role": "user", "content": "tune it"}]
+        polled: list[int] = []
+        outputs = [
+            "Chunk ID: a1\nWall time: 30.0 seconds\nProcess running with session ID 4242\n"
+            "Original token count: 0\nOutput:\n",
+            [{"type": "input_text", "text": "Process running with session ID 4242\nOutput:\n"}],
+            "Chunk ID: a3\nWall time: 12.5 seconds\nProcess exited with code 0\nOutput:\nok\n",
+        ]
+        answer = await client.responses.create(model="gpt-fake", input=items, tools=EXEC_TOOLS)
+        for output in outputs:
+            (call,) = [o for o in answer.output if o.type == "function_call"]
+            if call.name == "write_stdin":
+                polled.append(json.loads(call.arguments)["session_id"])
+            items += [
+                call.model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": call.call_id, "output": output},
+            ]
+            answer = await client.responses.create(model="gpt-fake", input=items, tools=EXEC_TOOLS)
+        assert polled == [4242, 4242]
+        assert answer.output_text == "Benchmarked."
+        assert fake.exhausted and fake.follow_ups == 2 and fake.steps_served == 2
+        # without write_stdin on offer, a running session is the script's business
+        items[-1] = {**items[-1], "output": outputs[0]}
+        with pytest.raises(openai.BadRequestError, match="script is exhausted"):
+            await client.responses.create(model="gpt-fake", input=items, tools=EXEC_TOOLS[:1])
+
+
 def test_command_line_names_the_apis(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])

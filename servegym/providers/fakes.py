@@ -12,7 +12,8 @@ through the real clients.
   ``usage``, ``stop_reason``); ``base_url`` is ``http://127.0.0.1:PORT``.
 - :class:`FakeOpenAI`: ``POST /v1/chat/completions`` (``choices[0].message.tool_calls``,
   ``finish_reason``, ``usage``) and ``GET /v1/models``; ``base_url`` ends in ``/v1``.
-- :class:`FakeOpenAIResponses`: ``POST /v1/responses`` (Codex CLI's API).
+- :class:`FakeOpenAIResponses`: ``POST /v1/responses`` (Codex CLI's API); it polls a
+  command Codex left running (``write_stdin``) before the script's next step, as a model does.
 - :class:`FakeGemini`: ``POST /v1beta/models/MODEL:generateContent`` and
   ``:streamGenerateContent?alt=sse`` (``functionCall`` parts, ``usageMetadata``; Gemini
   CLI's API); ``base_url`` is ``http://127.0.0.1:PORT``.
@@ -48,6 +49,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -231,6 +233,8 @@ class FakeServer:
         short text, leaving the script alone: a coding CLI makes such calls beside its
         agent loop, and they must not eat the scripted steps."""
         self.side_answers = 0
+        self.follow_ups = 0
+        """Steps answered by :meth:`follow_up` instead of the script."""
         self.faults = list(faults)
         self.expected_api_key = api_key
         self.host = host
@@ -341,6 +345,11 @@ class FakeServer:
             self.side_answers += 1
             side = self.side_step(record.body)
             return await self._reply(request, side, 900 + self.side_answers, record.body, len(text))
+        follow_up = self.follow_up(record.body)
+        if follow_up is not None:
+            self.follow_ups += 1
+            index = 800 + self.follow_ups
+            return await self._reply(request, follow_up, index, record.body, len(text))
         if self.exhausted:
             return self._error(
                 400,
@@ -400,6 +409,12 @@ class FakeServer:
     def side_step(self, body: dict[str, Any]) -> ScriptStep:
         """The answer to a side request: a short text."""
         return ScriptStep(text=SIDE_TEXT)
+
+    def follow_up(self, body: dict[str, Any]) -> ScriptStep | None:
+        """A step the model takes because of what the last tool call returned, whatever the
+        script says next (e.g. polling a command the CLI left running), leaving the script
+        alone; ``None`` to go on with the script."""
+        return None
 
     def _next_fault(self) -> Fault | None:
         while self._fault_index < len(self.faults):
@@ -787,6 +802,17 @@ class FakeOpenAI(FakeServer):
 
 # --------------------------------------------------------------------------- OpenAI Responses
 
+_RUNNING_SESSION = re.compile(r"Process running with session ID (\d+)")
+
+
+def _output_text(output: Any) -> str:
+    """A ``function_call_output``'s text: a string, or content items with ``text``."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+    return ""
+
 
 class FakeOpenAIResponses(FakeOpenAI):
     """A scripted OpenAI Responses API (``POST /v1/responses``, JSON or streamed), as Codex
@@ -795,6 +821,26 @@ class FakeOpenAIResponses(FakeOpenAI):
 
     api = "openai-responses"
     endpoint = "/v1/responses"
+
+    def follow_up(self, body: dict[str, Any]) -> ScriptStep | None:
+        """Codex's ``exec_command`` hands a command still running after its wait (at most
+        30 s) to a session and answers ``Process running with session ID N``; the model then
+        polls it with ``write_stdin`` (no input) until it answers ``Process exited with code
+        ...``. So does this fake, wherever ``write_stdin`` is offered: a script's next step
+        then reads the finished command, as it would under a real model."""
+        items = body.get("input")
+        if not isinstance(items, list) or not items or "write_stdin" not in self.tool_names(body):
+            return None
+        last = items[-1]
+        if not isinstance(last, dict) or last.get("type") != "function_call_output":
+            return None
+        running = _RUNNING_SESSION.search(_output_text(last.get("output")))
+        if running is None:
+            return None
+        session_id = int(running.group(1))
+        return tool_call(
+            "write_stdin", {"session_id": session_id, "chars": "", "yield_time_ms": 30_000}
+        )
 
     def validate(self, body: dict[str, Any]) -> str | None:
         if not isinstance(body.get("model"), str) or not body["model"]:
