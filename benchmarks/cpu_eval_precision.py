@@ -15,7 +15,8 @@ It prints, per evaluation, the score, its interval, the half-width, the pairs ru
 they stopped, and per case whether the interval holds 1.0 (nop: 1.0 within the task's
 ``nop_tolerance``), reaches the oracle minimum (oracle), or excludes 1.0 (planted).
 ``--fixed N`` runs exactly N pairs instead of the task's adaptive rule (the "before").
-``--max-repeats N`` lets the adaptive plan run up to N pairs instead of the task's limit.
+``--max-repeats N`` lets the adaptive plan run up to N pairs instead of the task's limit,
+``--pairs-time S`` gives its pairs S seconds instead of the task's ``pairs_time_s``.
 
     .venv/bin/python benchmarks/cpu_eval_precision.py cpu-prefill-ttft --trials 3 --planted 1.15
 
@@ -90,14 +91,22 @@ def main() -> None:
     p.add_argument(
         "--max-repeats", type=int, default=None, help="the adaptive plan's pair limit instead"
     )
+    p.add_argument(
+        "--pairs-time", type=float, default=None, help="the adaptive plan's time budget (s)"
+    )
     args = p.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="servegym-precision-"))
     print(f"{'task':<26} {'case':<8} {'#':>2} {'score':>6} {'interval':>15} "
           f"{'+/-':>6} {'pairs':>5} {'stopped':<12} {'s':>5}")  # fmt: skip
     for task_id in args.tasks:
         loaded = load_task(task_id)
-        if args.max_repeats is not None:
-            limit = loaded.task.evaluation.model_copy(update={"max_repeats": args.max_repeats})
+        limits = {
+            k: v
+            for k, v in (("max_repeats", args.max_repeats), ("pairs_time_s", args.pairs_time))
+            if v is not None
+        }
+        if limits:
+            limit = loaded.task.evaluation.model_copy(update=limits)
             loaded = dataclasses.replace(
                 loaded, task=loaded.task.model_copy(update={"evaluation": limit})
             )
