@@ -287,4 +287,6 @@ def test_each_cli_runs_a_cpu_trial_through_the_proxy(
     cost = result.agent_cost
     assert cost is not None and cost["calls"] >= fake.steps_served and cost["dollars"] > 0
     assert fake.exhausted
+    if name == "codex":  # its benchmarks outlasted exec_command's wait, and were polled
+        assert fake.follow_ups >= 2
     assert HARNESS_KEY not in trial_files(folder)
