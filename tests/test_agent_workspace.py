@@ -405,3 +405,26 @@ def test_a_launcher_that_changes_the_pinned_environment_is_flagged(
     print(f"\n{finding}")
     assert "runs with SERVEGYM_PINNED_ISA=AVX512; the task pins SERVEGYM_PINNED_ISA=AVX2" in finding
     assert finding.endswith(" processes)")
+
+
+def test_a_launcher_that_keeps_a_core_busy_is_paused_while_the_baseline_runs(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside its server the launcher spins a core for good: on a machine whose cores the
+    two sides share, that would slow every baseline run it is compared with. It never goes
+    quiet, so it is paused during each baseline run (servegym.sandbox.quiet), and resumed
+    for its own; the honest baseline never is."""
+    import servegym.sandbox.quiet as quiet
+
+    monkeypatch.setattr(quiet, "QUIET_TIMEOUT_S", 0.5)
+    env = make_env(loaded, tmp_path, model, PinnedStandIn(tmp_path / "pid"))
+    base = env.workspace.read_file(LAUNCHER)
+    spinning = base.replace("exec ", "python3 -c 'while True: pass' &\nexec ", 1)
+    assert spinning != base
+    env.workspace.write_file(LAUNCHER, spinning)
+    ev = submit_and_evaluate(env, loaded, tmp_path, model)
+    assert ev.outcome == "scored", ev.gates
+    pairs = len(ev.objective.pairs)
+    assert pairs >= loaded.task.evaluation.repeats
+    assert ev.info.paused_runs == pairs  # each baseline run, never a submission run
+    assert ev.info.quiet_wait_s >= 0.5 * pairs

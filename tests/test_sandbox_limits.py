@@ -122,6 +122,33 @@ def test_cpu_quota_holds_and_throttles(
     assert throttled > 0  # the busy loop ran into the quota
 
 
+def test_a_paused_container_takes_no_cpu_until_it_is_resumed(
+    engine: DockerRunner, image: str, started: list[RunningContainer]
+) -> None:
+    """What the final evaluation does to a side that will not go quiet while the other side
+    is measured (servegym.sandbox.quiet): ``docker pause`` freezes it, ``unpause`` lets it
+    run on, and a paused container still stops."""
+    from servegym.sandbox.quiet import tree_cpu_seconds
+
+    running = engine.start(shell(image, "while :; do :; done"))
+    started.append(running)
+    pid = running.host_pid()
+    assert pid is not None
+
+    def used_over(seconds: float) -> float:
+        before = tree_cpu_seconds([pid])
+        time.sleep(seconds)
+        return tree_cpu_seconds([pid]) - before
+
+    assert used_over(0.5) > 0.2  # spinning
+    running.pause()
+    assert used_over(0.5) < 0.05
+    running.unpause()
+    assert used_over(0.5) > 0.2
+    running.pause()
+    assert running.stop(timeout_s=1).exit_code is not None  # paused, it still stops
+
+
 HOLDER = """
 import signal, sys, time
 from servegym.sandbox.docker_runner import ContainerSpec, DockerRunner

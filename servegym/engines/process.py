@@ -145,6 +145,8 @@ class ServerProcess:
         """Set when a stop gave up on processes that survived SIGKILL."""
         self._exit: ExitInfo | None = None
         self._started_at = 0.0
+        self.paused = False
+        """Whether :meth:`pause` stopped it (until :meth:`resume`)."""
         self.discarded: list[str] = []
         """Torn compile-cache entries discarded before the start (one line each)."""
 
@@ -282,6 +284,21 @@ class ServerProcess:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return read_tail(self.log_path, lines)
 
+    # --- pause ----------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop every process of the group (SIGSTOP) until :meth:`resume`: a server that
+        would not go quiet while another is measured (:mod:`servegym.sandbox.quiet`)."""
+        if self.pgid is not None and self.running and not self.paused:
+            _signal_group(self.pgid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """Continue a paused group (SIGCONT)."""
+        if self.pgid is not None and self.paused:
+            _signal_group(self.pgid, signal.SIGCONT)
+            self.paused = False
+
     # --- stop -----------------------------------------------------------------------------
 
     def stop(self, grace_s: float = 15.0) -> ExitInfo | None:
@@ -289,6 +306,7 @@ class ServerProcess:
         group is left. Safe to call twice; returns how the leader ended."""
         if self.proc is None or self.pgid is None:
             return self._exit
+        self.resume()  # a stopped process would hold SIGTERM until continued
         if self.proc.poll() is None:
             self._stopping = True
         _signal_group(self.pgid, signal.SIGTERM)

@@ -332,6 +332,9 @@ async def _evaluate(
     summary.components = compare_components(pairs)
     info.pair_workload_hashes = list(session.sample.pair_hashes[: len(pairs)])
     info.sim_seconds = sum(b.sim_seconds + (s.sim_seconds if s else 0.0) for b, s in pairs)
+    if session.quiet is not None:
+        info.quiet_wait_s = round(session.quiet.waited_s, 3)
+        info.paused_runs = session.quiet.paused_runs
     subs = [s for _, s in pairs if s is not None]
     baseline_side = _side(task.baseline, base, [b for b, _ in pairs], base_acc)
     submission_side: SideResult | None = None

@@ -199,6 +199,16 @@ class EvaluationInfo(_Model):
         default=None, description="the score interval's half-width, sqrt(high / low) - 1"
     )
     sim_seconds: float = Field(default=0.0, description="virtual seconds the harness simulated")
+    quiet_wait_s: float = Field(
+        default=0.0,
+        description="real tracks: seconds the runs waited, in all, for the other side's "
+        "servers to go quiet before they started (servegym.sandbox.quiet)",
+    )
+    paused_runs: int = Field(
+        default=0,
+        description="real tracks: runs during which the other side's servers, still busy "
+        "after the wait, were paused",
+    )
 
 
 class Timing(_Model):

@@ -386,6 +386,15 @@ class RunningContainer:
                 return int(binding["HostPort"])
         return None
 
+    def pause(self) -> None:
+        """Freeze every process of the container (``docker pause``)."""
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            self._container.pause()
+
+    def unpause(self) -> None:
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            self._container.unpause()
+
     def stop(self, timeout_s: float = 10.0) -> ExitStatus:
         """SIGTERM, SIGKILL if still running after ``timeout_s``, then remove; how it ended."""
         if self._final is not None:

@@ -276,11 +276,23 @@ class ContainerProcess(ServerProcess):
             await asyncio.sleep(max(interval_s, POLL_INTERVAL_S))
         return info
 
+    def pause(self) -> None:
+        """``docker pause`` (the cgroup freezer) until :meth:`resume`."""
+        if self.running_container is not None and self.running and not self.paused:
+            self.running_container.pause()
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.running_container is not None and self.paused:
+            self.running_container.unpause()
+            self.paused = False
+
     def stop(self, grace_s: float = 15.0) -> ExitInfo | None:
         """SIGTERM the container's server, SIGKILL after ``grace_s``, remove the container."""
         running = self.running_container
         if running is None:
             return self._exit
+        self.resume()
         if self._exit is None and running.exit_status() is None:
             self._stopping = True
         running.stop(timeout_s=grace_s)

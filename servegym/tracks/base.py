@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
 from servegym.engines.base import Engine, ModelRef
 from servegym.registry import Registry
 from servegym.sandbox.local import Isolation
+from servegym.sandbox.quiet import QuietRuns
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.integrity import Finding
@@ -87,6 +88,9 @@ class EvaluationSession(ABC):
     :func:`~servegym.runner.evaluation.evaluate` calls them; :meth:`close` always runs."""
 
     sample: SampleInfo
+    quiet: QuietRuns | None = None
+    """Real tracks: how the runs waited for the other side's servers to go quiet
+    (:mod:`servegym.sandbox.quiet`); None where sides share no machine (the simulator)."""
 
     @abstractmethod
     async def start_baseline(self) -> StartedSide:

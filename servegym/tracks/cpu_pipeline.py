@@ -53,6 +53,7 @@ from servegym.pipeline.cpu.deploy import (
 )
 from servegym.pipeline.cpu.runner import CpuPipelineRun
 from servegym.sandbox.local import LocalSandbox
+from servegym.sandbox.quiet import QuietRuns
 from servegym.scoring import gates
 from servegym.scoring.gates import GateResult
 from servegym.scoring.objectives import ObjectiveMeasurement
@@ -152,6 +153,7 @@ class CpuPipelineEvaluation(EvaluationSession):
         self.min_accuracy = task.accuracy.min_ratio
         self.no_accuracy = "no recall measured"
         self.sides: list[PipelineSide] = []
+        self.quiet: QuietRuns = QuietRuns()
         self.pool: IndexPool | None = None
         self.warm: asyncio.Task[None] | None = None
 
@@ -220,7 +222,14 @@ class CpuPipelineEvaluation(EvaluationSession):
 
     async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
         assert isinstance(side, PipelineSide)
-        run = await self._run(side, role, self.samples[i])
+        others = [
+            proc
+            for other in self.sides
+            if other is not side and other.deployment is not None
+            for proc in other.deployment.procs
+        ]
+        async with self.quiet.alone(others):
+            run = await self._run(side, role, self.samples[i])
         side.runs.append(run)
         return measure_run(self.task.objective, run)
 

@@ -93,6 +93,7 @@ from servegym.reference.rescore import ProbeReport, verify_probes
 from servegym.sandbox.egress import EgressWatch, descendants
 from servegym.sandbox.local import Isolation, LocalSandbox
 from servegym.sandbox.pinned_env import Unpinned, unpinned
+from servegym.sandbox.quiet import QuietRuns
 from servegym.scoring.gates import GateResult
 from servegym.scoring.integrity import Finding, stream_findings
 from servegym.scoring.objectives import ObjectiveMeasurement
@@ -294,6 +295,7 @@ class RealEvaluation(EvaluationSession):
         self.price_per_hour = price.price_per_hour if price is not None else None
         self.min_accuracy = task.accuracy.min_ratio
         self.sides: dict[Role, ServerSide] = {}
+        self.quiet: QuietRuns = QuietRuns()
         self.unresponsive = "the server stopped answering"
         self.egress: EgressWatch | None = None
         self.egress_task: asyncio.Task[None] | None = None
@@ -358,8 +360,10 @@ class RealEvaluation(EvaluationSession):
 
     async def measure(self, side: StartedSide, role: Role, i: int) -> ObjectiveMeasurement:
         assert isinstance(side, ServerSide) and side.proc is not None
+        others = [s.proc for r, s in self.sides.items() if r != role and s.proc is not None]
         try:
-            result, exit_info = await run_watched(side.proc, self.samples[i], self.options)
+            async with self.quiet.alone(others):
+                result, exit_info = await run_watched(side.proc, self.samples[i], self.options)
         except ServerError as e:  # alive but no longer answering
             if role == "baseline":
                 raise HarnessError(f"the baseline server failed: {e.message}") from None
