@@ -378,6 +378,19 @@ def submit_and_evaluate(
     )
 
 
+def evaluate_with_before_exec(
+    loaded: LoadedTask, tmp_path: Path, model: ModelRef, line: str
+) -> Evaluation:
+    """The baseline launcher with ``line`` before its ``exec``, submitted and evaluated on the
+    pinning engine."""
+    env = make_env(loaded, tmp_path, model, PinnedStandIn(tmp_path / "pid"))
+    base = env.workspace.read_file(LAUNCHER)
+    changed = base.replace("exec ", f"{line}\nexec ", 1)
+    assert changed != base
+    env.workspace.write_file(LAUNCHER, changed)
+    return submit_and_evaluate(env, loaded, tmp_path, model)
+
+
 def test_an_honest_launcher_shows_no_egress_and_keeps_the_pinned_environment(
     loaded: LoadedTask, tmp_path: Path, model: ModelRef
 ) -> None:
@@ -394,12 +407,7 @@ def test_a_launcher_that_changes_the_pinned_environment_is_flagged(
     """Catalogue item 13: the harness pins the hardware class on every workspace command and
     launcher; a launcher that exports another value runs its server on other hardware than
     the baseline's, and the server tree's own environment shows it."""
-    env = make_env(loaded, tmp_path, model, PinnedStandIn(tmp_path / "pid"))
-    base = env.workspace.read_file(LAUNCHER)
-    lifted = base.replace("exec ", "export SERVEGYM_PINNED_ISA=AVX512\nexec ", 1)
-    assert lifted != base
-    env.workspace.write_file(LAUNCHER, lifted)
-    ev = submit_and_evaluate(env, loaded, tmp_path, model)
+    ev = evaluate_with_before_exec(loaded, tmp_path, model, "export SERVEGYM_PINNED_ISA=AVX512")
     assert ev.outcome == "integrity_flagged", ev.gates
     (finding,) = [f for f in ev.gates["integrity"].findings if f.startswith("pinned_environment")]
     print(f"\n{finding}")
@@ -417,12 +425,7 @@ def test_a_launcher_that_keeps_a_core_busy_is_paused_while_the_baseline_runs(
     import servegym.sandbox.quiet as quiet
 
     monkeypatch.setattr(quiet, "QUIET_TIMEOUT_S", 0.5)
-    env = make_env(loaded, tmp_path, model, PinnedStandIn(tmp_path / "pid"))
-    base = env.workspace.read_file(LAUNCHER)
-    spinning = base.replace("exec ", "python3 -c 'while True: pass' &\nexec ", 1)
-    assert spinning != base
-    env.workspace.write_file(LAUNCHER, spinning)
-    ev = submit_and_evaluate(env, loaded, tmp_path, model)
+    ev = evaluate_with_before_exec(loaded, tmp_path, model, "python3 -c 'while True: pass' &")
     assert ev.outcome == "scored", ev.gates
     pairs = len(ev.objective.pairs)
     assert pairs >= loaded.task.evaluation.repeats
