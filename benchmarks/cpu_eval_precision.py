@@ -85,6 +85,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("tasks", nargs="+")
     p.add_argument("--trials", type=int, default=3)
+    p.add_argument(
+        "--first-trial", type=int, default=0, help="the first trial's number (its scoring seed)"
+    )
     p.add_argument("--cases", default="nop,oracle,planted")
     p.add_argument("--planted", type=float, default=1.15)
     p.add_argument("--fixed", type=int, default=None, help="exactly this many pairs")
@@ -119,7 +122,7 @@ def main() -> None:
             )
         for case in args.cases.split(","):
             hits = 0
-            for trial in range(args.trials):
+            for trial in range(args.first_trial, args.first_trial + args.trials):
                 head = f"{task_id:<26} {case:<8} {trial:>2}"
                 t0 = time.monotonic()
                 ev = run_case(loaded, case, trial, args.planted, logs)
