@@ -5,7 +5,8 @@ For each sim task whose objective searches the arrival rate (``max_rate_at_sla``
 final evaluation's first pair does (trial seed 0's scoring workload): that is the *credited*
 rate ``R``. Then it serves long steady runs at ``R``: ``--requests`` (default 4,800)
 Poisson arrivals of the same workload, on ``--seeds`` other samples (default 3), and
-reports (means over the samples; ``min`` is the lowest ``delivered / R``)
+reports (means over the samples; ``min`` is the lowest ``delivered / offered``; the
+long runs are offered ``R`` times ``--scale``, default 1)
 
 - ``delivered``: requests completed during the second half of the arrival span, per second
   of it. The first half lets the system fill: a continuous-batching server's batch, and with
@@ -17,6 +18,7 @@ reports (means over the samples; ``min`` is the lowest ``delivered / R``)
 
     .venv/bin/python benchmarks/rate_delivery.py [--requests 4800] [--task ID ...]
                                                  [--rate-requests N] [--rate-warmup F]
+                                                 [--scale F]
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4800)
     ap.add_argument("--seeds", type=int, default=3, help="samples of the long run")
     ap.add_argument("--task", action="append", default=[])
+    ap.add_argument("--scale", type=float, default=1.0, help="run the long runs at this share of R")
     ap.add_argument("--rate-requests", type=int, help="override the objective's rate_requests")
     ap.add_argument("--rate-warmup", type=float, help="override the objective's rate_warmup")
     args = ap.parse_args()
@@ -126,13 +129,14 @@ def main() -> None:
             if rate is None or not isinstance(engine, LaunchedEngine):
                 print(f"{tid:28} {name:8} {'-':>9}")
                 continue
-            runs = [delivered(loaded, engine, rate, args.requests, 12345 + k)
+            offered = rate * args.scale
+            runs = [delivered(loaded, engine, offered, args.requests, 12345 + k)
                     for k in range(args.seeds)]  # fmt: skip
             got = sum(d for d, _ in runs) / len(runs)
-            low = min(d for d, _ in runs) / rate
+            low = min(d for d, _ in runs) / offered
             attain = sum(a for _, a in runs) / len(runs)
             print(
-                f"{tid:28} {name:8} {rate:9.2f} {got:9.2f} {got / rate:6.3f} {low:6.3f} "
+                f"{tid:28} {name:8} {rate:9.2f} {got:9.2f} {got / offered:6.3f} {low:6.3f} "
                 f"{attain:6.3f} {wall:6.1f}",
                 flush=True,
             )
