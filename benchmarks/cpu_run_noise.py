@@ -25,6 +25,12 @@ and 530 tok/s, that come and go with the machine in every placement, several run
 Pinning does not remove that noise, so the harness does not pin. Nop evaluations with and
 without pinning agreed (``cpu_eval_precision.py``: half-widths 4.9-11.2% and 6.2-7.5%).
 
+Launch against launch (``cpu-shared-prefix-ttft --placements as-is --rounds 6 --runs 4``, one
+server per round, an AMX Xeon): the six launches' TTFT p90 medians were 1,905-2,004 ms, a
+5.1% spread, with 0.6-1.6% CV within a launch; every launch bound its compute thread to core
+0 and held no huge pages (``as-is`` reports both). One config's launches alone do not explain
+a nop pair 30% apart.
+
 Needs ``servegym setup cpu``; about 2 minutes per placement and round::
 
     .venv/bin/python benchmarks/cpu_run_noise.py cpu-throughput-concurrent --runs 8 --rounds 2
@@ -83,6 +89,22 @@ def compute_cpus(leader: int) -> set[int]:
     return cores
 
 
+def huge_pages(leader: int) -> str:
+    """The worker's memory in transparent huge pages, of its resident set: a launch whose
+    weights and KV cache land in huge pages runs with fewer TLB misses."""
+    for pid in descendants(leader):
+        if not _comm(pid).startswith("VLLM::Worker"):
+            continue
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            continue
+        kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in rollup[1:] if ln.endswith("kB")}
+        rss, huge = kb.get("Rss", 0) // 1024, kb.get("AnonHugePages", 0) // 1024
+        return f"worker RSS {rss} MiB, huge {huge} MiB"
+    return "no worker found"
+
+
 def pin(tids: list[int], cpus: set[int]) -> int:
     done = 0
     for tid in tids:
@@ -97,11 +119,11 @@ def pin(tids: list[int], cpus: set[int]) -> int:
 def place(placement: str, server: ServerProcess) -> str:
     """Apply ``placement`` to the running server and to this process; say what was done."""
     everything = os.sched_getaffinity(0)
-    if placement == "as-is":
-        return "as is"
     leader = server.leader_pid()
     assert leader is not None
     compute = compute_cpus(leader)
+    if placement == "as-is":
+        return f"as is; compute on {sorted(compute)}; {huge_pages(leader)}"
     free = everything - compute
     if not compute or not free:
         return f"no bound compute thread found (compute {compute}); left as is"
