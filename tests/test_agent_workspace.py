@@ -56,9 +56,14 @@ def make_env(
 
 
 def faster(script: str) -> str:
-    """The baseline launcher with the mock server's inter-token latency cut from 5 to 2 ms."""
+    """The baseline launcher with the mock server's inter-token latency cut from 5 to 1 ms.
+
+    An experiment's improvement is over a baseline measured in another run, at another
+    moment of a loaded test machine: 2 ms measured 2.3x on an idle machine and 1.49x in a CI
+    run with every worker busy, so the cut is large enough (4.1x idle) to stay clear of the
+    baseline's own 0.6-1.6 band under load."""
     assert "--itl-ms 5" in script
-    return script.replace("--itl-ms 5", "--itl-ms 2")
+    return script.replace("--itl-ms 5", "--itl-ms 1")
 
 
 def test_workspace_starts_with_the_baseline_launcher(
@@ -110,7 +115,7 @@ def test_the_submission_is_scored_from_its_snapshot_in_a_fresh_sandbox(
 ) -> None:
     env = make_env(loaded, tmp_path, model)
     env.workspace.write_file(LAUNCHER, faster(env.workspace.read_file(LAUNCHER)))
-    env.workspace.write_file("notes.txt", "itl 2 ms")
+    env.workspace.write_file("notes.txt", "itl 1 ms")
     r = env.run_benchmark(quick=True)
     assert r.ok and r.improvement is not None and r.improvement > 1.5
     summary = env.submit_workspace()
@@ -239,7 +244,7 @@ def test_a_launcher_that_needs_state_outside_its_files_is_named(
     assert guarded != base
     env.workspace.write_file(LAUNCHER, guarded)
     r = env.run_benchmark(quick=True)
-    assert r.ok, r.error
+    assert r.ok, r.launch_error
     env.submit_workspace()
     submission = env.submission
     assert isinstance(submission, LauncherSubmission)
