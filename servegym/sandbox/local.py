@@ -89,6 +89,37 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
+SOCKET_NAME_ROOM = 48
+"""What an unisolated sandbox's ``TMPDIR`` leaves for a socket's name (and the slash) within
+the 107 bytes a Unix socket's path may hold: vLLM's ZMQ IPC sockets are named by a UUID,
+36 characters."""
+
+
+def unisolated_tmp(root: Path) -> Path:
+    """``TMPDIR`` for the processes of an unisolated sandbox rooted at ``root``: the
+    workspace's own ``.tmp``, or, where that path is too long to bind a Unix socket in, a
+    short folder of the workspace's own in ``/tmp``.
+
+    Servers bind Unix sockets in ``TMPDIR`` (vLLM's engine binds a ZMQ IPC socket there),
+    and a socket's path holds at most 107 bytes: under a trial folder such as
+    ``runs/cpu-prefill-ttft__claude-code:claude-sonnet-4-5__s0/workspace/.tmp`` that limit
+    is passed, and every launcher's server died at start-up on a machine without bwrap
+    (whose sandboxes get a private ``/tmp``). The short folder is named by the workspace, so
+    one workspace's commands share it, and belongs to this user alone; where it cannot be
+    had so, the workspace's ``.tmp`` is used anyway."""
+    inside = root / ".tmp"
+    if len(os.fsencode(inside)) + SOCKET_NAME_ROOM > 107:
+        digest = hashlib.sha256(os.fsencode(root)).hexdigest()[:12]
+        short = Path("/tmp") / f"servegym-{os.getuid()}-{digest}"
+        with contextlib.suppress(OSError):
+            short.mkdir(mode=0o700, exist_ok=True)
+            st = short.lstat()
+            if not short.is_symlink() and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+                return short
+    inside.mkdir(exist_ok=True)
+    return inside
+
+
 def _inside(root: Path, path: Path) -> bool:
     try:
         path.relative_to(root)
@@ -167,7 +198,7 @@ class LocalSandbox:
             "PATH": path,
             "HOME": ws,
             "XDG_CACHE_HOME": f"{ws}/.cache",
-            "TMPDIR": "/tmp" if self.isolated else f"{ws}/.tmp",
+            "TMPDIR": "/tmp" if self.isolated else str(unisolated_tmp(self.root)),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "WORKSPACE": ws,
@@ -177,8 +208,6 @@ class LocalSandbox:
             env["MODEL_PATH"] = self.model_path or ""
             env["SERVED_MODEL_NAME"] = self.model.served_name
         env.update(self.extra_env)
-        if not self.isolated:
-            (self.root / ".tmp").mkdir(exist_ok=True)
         return env
 
     def wrap(self, argv: list[str], *, network: bool) -> list[str]:
