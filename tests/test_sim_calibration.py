@@ -5,12 +5,14 @@ The bounds asserted here are what the fitted profiles achieve, with a margin, so
 the cost model or the profiles that moves the calibrated figures fails a test. The fast
 tests check the cheap points (batch-1, the RTX 4090 and long-prompt concurrency sweeps) and
 that the fit and the leave-one-source-out procedure run; the slow test checks the whole
-table against the numbers docs/simulator.md reports.
+table against the numbers docs/simulator.md reports. Sources added after the shipped fit
+(``HELD_OUT_GROUPS``) are checked apart, against their held-out errors.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,7 @@ from servegym.engines.sim.calibration import (
     load_ratios,
 )
 from servegym.errors import UserError
+from servegym.workloads.spec import LengthDistribution
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sim_calibration.py"
@@ -40,7 +43,24 @@ CHEAP_GROUPS = (
     "kvcached H100 check",
     "vLLM blog, FP8 KV cache",
 )
-"""Sources whose points simulate in well under a second each."""
+"""Sources whose points simulate in well under a second each. The IOG Foundation benchmarks
+are as cheap but not here: the shipped profiles were not fitted to them (HELD_OUT_GROUPS)."""
+IOG = "IOG Foundation benchmarks"
+HELD_OUT_GROUPS = (IOG,)
+"""Sources added after the shipped fit and evaluated with it unchanged: their errors are
+held-out errors, outside the fitted table's bounds (IOG's mean TTFT of vLLM 0.8.5 under
+Poisson load comes out up to 108% long). The next refit takes them in; then they leave this
+tuple and the bounds below are re-measured."""
+HELD_OUT_TPOT_BOUND = 0.20
+"""Largest held-out error of IOG's mean TPOT points (achieved: 17.2%, Nemotron-70B FP8 at
+TP2 and 4 req/s, simulated fast)."""
+HELD_OUT_TTFT_BOUND = 1.15
+"""Largest held-out error of IOG's mean TTFT points (achieved: +108.4%, Llama-3-8B on the
+H100 PCIe at 1 req/s: the shipped serving path, ~27 ms fitted to kvcached's vLLM 0.19.0,
+where these vLLM 0.8.5 runs leave ~5 ms)."""
+STAND_IN_SENSITIVITY = 0.08
+"""An IOG point is simulable only where its simulated figure moves by less than this between
+fixed stand-in lengths and a lognormal of the same means (calibration.toml, its section)."""
 MLPERF_RATIO = "mlperf51-redhat-llama31-8b-fp8-h100-over-l40s-offline"
 PERF_CI = "vLLM perf CI"
 """vLLM's CI benchmark on its H100 and H200 machines: the only vLLM measurements of the H200."""
@@ -149,6 +169,52 @@ def test_cheap_points_within_bound(cal: ModuleType) -> None:
     assert s.points == len(points) >= 25
     assert s.median_abs_error <= CHEAP_MEDIAN_BOUND <= DOC_TARGET_MEDIAN
     assert s.max_abs_error <= CHEAP_MAX_BOUND <= DOC_TARGET_MAX
+
+
+def test_iog_poisson_points_held_out(cal: ModuleType) -> None:
+    """IOG Foundation's vLLM 0.8.5 runs under Poisson load (200 ShareGPT prompts, 1-16 req/s;
+    Llama-3-8B on an H100 PCIe and an RTX 4090, Llama-3-70B and Nemotron-70B FP8 at TP2),
+    never fitted: the simulated mean TPOT stays within 20% of the published one, and the mean
+    TTFT within the held-out bound (today over-predicted: the shipped serving path). Each
+    simulable point uses stand-in lengths at the run's published means, and the stand-in
+    hardly matters: with a lognormal of the same means the figure moves by less than 8%."""
+    points = [p for p in load_calibration() if p.source_group == IOG]
+    simulable = [p for p in points if p.simulable]
+    assert len(simulable) >= 20
+    assert {(p.model, p.hardware, p.tensor_parallel, p.weights) for p in simulable} == {
+        ("llama-3.1-8b", "h100-pcie", 1, "bf16"),
+        ("llama-3.1-8b", "rtx-4090", 1, "bf16"),
+        ("llama-3.1-70b", "h100-pcie", 2, "bf16"),
+        ("llama-3.1-70b", "h100-pcie", 2, "fp8"),
+    }
+    for p in points:
+        assert p.workload.arrival == "poisson" and p.workload.num_prompts == 200
+        assert p.workload.uses_stand_in and p.workload.stand_in_input_tokens == 206
+        assert "1ffd7960d341d7ff15e962af098ca5b08d9f253e" in p.url
+    report = cal.calibrate(simulable, ratios=[])
+    for row in report.rows:
+        assert row.error is not None and "Poisson" in row.setting, row.id
+        bound = HELD_OUT_TPOT_BOUND if row.metric == "tpot_ms" else HELD_OUT_TTFT_BOUND
+        assert abs(row.error) <= bound, (row.id, row.error)
+    (point,) = [p for p in simulable if p.id == "iog-llama3-8b-h100pcie-sharegpt-poisson16-ttft"]
+    inp, out = point.workload.simulated_lengths()
+    assert inp is not None and out is not None
+    fixed = cal._workload_spec(point.id, cal._arrival(point.workload), 200, inp, out)
+
+    def lognormal(mean: int) -> LengthDistribution:
+        # sigma 1, median mean / e^(1/2): the same mean before the sampler's 4-1,024 clamp
+        return LengthDistribution(
+            dist="lognormal", median=mean / math.exp(0.5), sigma=1.0, min=4, max=1024
+        )
+
+    spread = fixed.model_copy(
+        update={"input_tokens": lognormal(inp), "output_tokens": lognormal(out)}
+    )
+    ttft = [
+        cal._run(point.model, point.hardware, point.serving_config(), spec)[0].ttft_ms.mean
+        for spec in (fixed, spread)
+    ]
+    assert abs(ttft[1] / ttft[0] - 1.0) < STAND_IN_SENSITIVITY
 
 
 def test_h200_over_h100_matches_vllms_own_ratio(cal: ModuleType) -> None:
@@ -279,9 +345,13 @@ def test_full_calibration_as_documented(cal: ModuleType) -> None:
     docs/simulator.md reports it: vLLM/SGLang median 3.2% and worst 20.1% (a short-prompt
     burst's TTFT), TensorRT-LLM median 9.0% and worst 16.4% (its prefill-heavy H100 point,
     which the lower H200 bandwidth moved from +14.9% through TensorRT-LLM's GEMM scale), the
-    MLPerf H100/L40S ratio -2.0% (3.45-3.57 over the stand-ins)."""
+    MLPerf H100/L40S ratio -2.0% (3.45-3.57 over the stand-ins). Sources the shipped
+    profiles were not fitted to (HELD_OUT_GROUPS) are left out of the vLLM/SGLang bounds."""
     report = cal.calibrate()
-    vllm = report.summary(cal.FAMILY_VLLM)
+    fitted = [
+        r for r in report.rows if r.family == cal.FAMILY_VLLM and r.group not in HELD_OUT_GROUPS
+    ]
+    vllm = cal._summary(cal.FAMILY_VLLM, fitted)
     assert vllm.points >= 58
     assert vllm.median_abs_error <= 0.05 and vllm.max_abs_error <= 0.22
     trt = report.summary(cal.FAMILY_TRT)
