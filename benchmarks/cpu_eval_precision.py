@@ -16,7 +16,9 @@ they stopped, and per case whether the interval holds 1.0 (nop: 1.0 within the t
 ``nop_tolerance``), reaches the oracle minimum (oracle), or excludes 1.0 (planted).
 ``--fixed N`` runs exactly N pairs instead of the task's adaptive rule (the "before").
 ``--max-repeats N`` lets the adaptive plan run up to N pairs instead of the task's limit,
-``--pairs-time S`` gives its pairs S seconds instead of the task's ``pairs_time_s``.
+``--pairs-time S`` gives its pairs S seconds instead of the task's ``pairs_time_s``,
+``--warmup-runs N`` gives each side N unmeasured runs before the pairs instead of the task's
+``warmup_runs`` (0: the pairs start on cold servers).
 ``--trace`` prints every measurement: its value, and where the measured server's CPU time
 went (its compute thread's seconds, core and preemptions; the rest of the server; the
 harness's own share, the load generator).
@@ -186,6 +188,12 @@ def main() -> None:
         "--pairs-time", type=float, default=None, help="the adaptive plan's time budget (s)"
     )
     p.add_argument(
+        "--warmup-runs",
+        type=int,
+        default=None,
+        help="each side's unmeasured runs before the pairs instead of the task's",
+    )
+    p.add_argument(
         "--trace",
         action="store_true",
         help="print every measurement with where its server's CPU time went",
@@ -198,7 +206,11 @@ def main() -> None:
         loaded = load_task(task_id)
         limits = {
             k: v
-            for k, v in (("max_repeats", args.max_repeats), ("pairs_time_s", args.pairs_time))
+            for k, v in (
+                ("max_repeats", args.max_repeats),
+                ("pairs_time_s", args.pairs_time),
+                ("warmup_runs", args.warmup_runs),
+            )
             if v is not None
         }
         if limits:

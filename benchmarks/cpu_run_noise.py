@@ -31,6 +31,23 @@ server per round, an AMX Xeon): the six launches' TTFT p90 medians were 1,905-2,
 0 and held no huge pages (``as-is`` reports both). One config's launches alone do not explain
 a nop pair 30% apart.
 
+On a 2-core AMD EPYC VM (December 2026, ``--placements as-is --runs 3``, one launch per round,
+the rounds alternating between two settings) the launches spread more, and neither of two
+suspects is the cause:
+
+- address-space layout and hash seed: four launches as usual had medians 1,533-1,830 ms (a
+  17.5% spread, 0.5-9.4% CV within each), four under ``setarch x86_64 -R`` with
+  ``PYTHONHASHSEED=0`` 1,622-1,982 ms (19.6%);
+- transparent huge pages: with the machine's ``madvise`` the worker holds none and the four
+  launches' medians were 2,667, 2,725, 3,167 and 2,878 ms (18.7%); with THP ``always`` it
+  holds ~1,035 MiB of them and they were 3,066, 2,918, 3,228 and 3,004 ms (10.6%), each slower
+  than the ``madvise`` launch just before it (by 2-15%, 7% in the geometric mean). So the
+  harness leaves THP as the machine has it.
+
+The launch-to-launch spread follows the machine's own speed, which drifts over minutes (one
+server run nine times in a row: its TTFT p50 went from 1,772 to 1,469 ms, whole runs at a
+time), and which one launch per side cannot average out.
+
 Needs ``servegym setup cpu``; about 2 minutes per placement and round::
 
     .venv/bin/python benchmarks/cpu_run_noise.py cpu-throughput-concurrent --runs 8 --rounds 2
@@ -159,7 +176,9 @@ async def one(loaded: LoadedTask, placement: str, runs: int, logs: Path) -> list
                 result, exit_info = await run_watched(server, sample, options)
                 assert exit_info is None, exit_info
                 m = measure_run(loaded.task, result)
-                if i > 0 and m.value is not None:  # the first is the warm-up
+                if i == 0:  # the warm-up: the server's first run after start
+                    print(f"  {placement}: first run after start {m.value:.2f}", flush=True)
+                elif m.value is not None:
                     values.append(m.value)
         finally:
             unpin()

@@ -174,3 +174,31 @@ def test_a_planted_15_percent_faster_server_is_told_from_noise(
     print(f"\nplanted 15%: {ev.score:.3f} {ev.paired.ci} over {len(ev.objective.pairs)} pairs")
     assert ev.paired.ci_low > 1.0
     assert 1.05 < ev.score < 1.3
+
+
+@pytest.mark.parametrize("warmup_runs", [0, 2])
+def test_each_side_warms_up_unmeasured_on_a_sample_no_pair_uses(
+    loaded: LoadedTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warmup_runs: int
+) -> None:
+    """A server's first runs after start are slower than its later ones, so each side runs
+    ``evaluation.warmup_runs`` times before the pairs; those runs are not measured, and their
+    sample is none of the pairs' (a prefix cache warmed on it gives a pair no hits)."""
+    from servegym.tracks.real import RealEvaluation
+
+    runs: list[tuple[str, str]] = []
+    inner = RealEvaluation._run
+
+    async def recording(self: RealEvaluation, side: object, role: str, workload: object) -> object:
+        runs.append((role, workload.content_hash()))  # type: ignore[attr-defined]
+        return await inner(self, side, role, workload)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RealEvaluation, "_run", recording)
+    task = with_evaluation(loaded, warmup_runs=warmup_runs)
+    track = track_for(task, server_logs=tmp_path, engine=StandInEngine(tmp_path / "p"), model=MODEL)
+    ev = evaluate(task, ServingConfig(), 9, track=track)
+    assert ev.outcome == "scored" and len(ev.objective.pairs) == 5
+    warm, measured = runs[: 2 * warmup_runs], runs[2 * warmup_runs :]
+    assert [r for r, _ in warm] == ["baseline", "submission"] * warmup_runs
+    assert len(measured) == 10 and {h for _, h in measured} == set(ev.info.pair_workload_hashes)
+    assert not {h for _, h in warm} & set(ev.info.pair_workload_hashes)
+    assert ev.submission is not None and ev.submission.integrity.requests == 5 * 12

@@ -234,6 +234,13 @@ class EvaluationSpec(_Strict):
         le=7200,
         description="real tracks: a request not finished within this fails (a hung stream)",
     )
+    warmup_runs: int = Field(
+        default=1,
+        ge=0,
+        le=10,
+        description="real tracks: unmeasured runs of each side, on a workload sample no pair "
+        "uses, before the pairs (a server's first runs after start are slower)",
+    )
 
     @field_validator("repeats", mode="before")
     @classmethod
