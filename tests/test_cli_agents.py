@@ -1002,3 +1002,42 @@ def test_a_session_s_own_time_is_charged_and_benchmarks_are_not_charged_twice(
     clock[0] += 3.0
     meter.tick(final=True)
     assert env.extra_seconds == pytest.approx(10.0)
+
+
+def test_an_environment_dump_keeps_no_key_or_token_in_the_trial_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI's session may print the container's environment (an agent runs `env`): the
+    per-trial proxy token and control token it holds, like the real key, are redacted from
+    the session's log and the trajectory before they are kept."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=1)
+    env.workspace.root.mkdir()
+    (env.workspace.root / "start_server.sh").write_text("#!/bin/sh\n")
+    held: dict[str, str] = {}
+
+    class DumpingSessions(ProcessSessions):
+        def run(
+            self, kwargs: dict[str, Any], timeout_s: float, log_path: Path, stop: Callable[[], bool]
+        ) -> SessionResult:
+            held.update(kwargs["environment"])
+            dump = "\n".join(f"{k}={v}" for k, v in sorted(kwargs["environment"].items()))
+            log_path.write_text(dump + f"\nand the key itself: {REAL_KEY}\n")
+            return SessionResult(exit_code=0, seconds=0.1, output_tail=dump[-4000:])
+
+    agent = make_cli_agent(
+        "claude-code", "claude-sonnet-4-5", sessions=DumpingSessions(lambda i: [])
+    )
+    agent.trajectory_path = tmp_path / "trial" / "trajectory.jsonl"
+    agent.run(env, seed=0)
+    token = held["ANTHROPIC_API_KEY"]
+    assert token.startswith("servegym-proxy-") and token != REAL_KEY
+    secrets_held = [token, REAL_KEY] + [v for k, v in held.items() if "TOKEN" in k]
+    assert len(secrets_held) >= 3  # the proxy token, the control token, the key
+    files = [p for p in (tmp_path / "trial").rglob("*") if p.is_file()]
+    assert any(p.name == "session-0.log" for p in files)
+    for path in files:
+        text = path.read_text(errors="replace")
+        assert not [s for s in secrets_held if s in text], path.name
+    log = (tmp_path / "trial" / "cli-agent" / "session-0.log").read_text()
+    assert "ANTHROPIC_API_KEY=[redacted]" in log

@@ -189,11 +189,11 @@ def test_claude_code_runs_a_sim_trial_through_the_proxy(
     fake = cli.fake(sim_script(cli, "env | sort"), side_requests=True)
     folder, _ = sim_trial(loop, fake, cli.agent, image, tmp_path)
     # The CLI's own stream-json shows its tool calls, and the container's environment dumped:
-    # the proxy's per-trial token (which spends nothing once the trial ends), never the key.
+    # the proxy's per-trial token it held is redacted before the log is kept, as is the key.
     env_dump = (folder / "cli-agent" / "session-0.log").read_text()
     assert "servegym-agent submit" in env_dump and '"name":"Bash"' in env_dump
-    assert "ANTHROPIC_API_KEY=servegym-proxy-" in env_dump
-    assert HARNESS_KEY not in env_dump
+    assert "ANTHROPIC_API_KEY=[redacted]" in env_dump
+    assert "servegym-proxy-" not in env_dump and HARNESS_KEY not in env_dump
 
 
 def test_codex_runs_a_sim_trial_through_the_proxy(

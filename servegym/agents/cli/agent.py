@@ -149,6 +149,29 @@ def bridge_gateway(configs: list[dict[str, Any]]) -> str | None:
     return None
 
 
+REDACTED = "[redacted]"
+
+
+def redact(text: str, secrets_: list[str]) -> str:
+    """``text`` with every one of ``secrets_`` replaced by :data:`REDACTED`."""
+    for secret in secrets_:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def redact_file(path: Path, secrets_: list[str]) -> None:
+    """Rewrite ``path`` with ``secrets_`` redacted (nothing when it holds none, or is gone)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return
+    text = raw.decode("utf-8", errors="surrogateescape")
+    clean = redact(text, secrets_)
+    if clean != text:
+        path.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+
+
 def _tail(path: Path, chars: int = OUTPUT_TAIL_CHARS) -> str:
     try:
         with path.open("rb") as f:
@@ -489,8 +512,17 @@ class CliAgent(AgentBase):
                 return time.monotonic() - spent_since[0] > SUBMIT_GRACE_S
 
             self._log("session_start", index=index, command=kwargs["command"])
-            result = sessions.run(
-                kwargs, self.settings.session_timeout_s, work / f"session-{index}.log", stop
+            log_path = work / f"session-{index}.log"
+            result = sessions.run(kwargs, self.settings.session_timeout_s, log_path, stop)
+            # The session's output (a CLI may print its environment, as an agent's `env`
+            # does) names the per-trial proxy and control tokens the container holds:
+            # they go, with the real key should it ever show, before anything is kept.
+            hidden = [setup.proxy_credential, setup.control_token, self._api_key]
+            redact_file(log_path, hidden)
+            result = replace(
+                result,
+                output_tail=redact(result.output_tail, hidden),
+                error=redact(result.error, hidden),
             )
             if meter is not None:
                 meter.tick(final=True)
