@@ -218,7 +218,8 @@ def test_gemini_cli_runs_a_sim_trial_through_the_proxy(
     commands = [e["parameters"]["command"] for e in events if e.get("type") == "tool_use"]
     assert commands[2] == "servegym-agent submit"
     assert events[-1]["type"] == "result" and events[-1]["status"] == "success"
-    assert "GEMINI_API_KEY=servegym-proxy-" in log and HARNESS_KEY not in log
+    assert "GEMINI_API_KEY=[redacted]" in log and "servegym-proxy-" not in log
+    assert HARNESS_KEY not in log
 
 
 def test_opencode_runs_a_sim_trial_through_the_proxy(
