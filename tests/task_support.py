@@ -20,5 +20,8 @@ def with_evaluation(loaded: LoadedTask, **fields: object) -> LoadedTask:
 
 
 def with_fixed_pairs(loaded: LoadedTask, pairs: int = PLUMBING_PAIRS) -> LoadedTask:
-    """``loaded`` scored with exactly ``pairs`` pairs (no adaptive pairs)."""
-    return with_evaluation(loaded, repeats=pairs, max_repeats=None)
+    """``loaded`` scored with exactly ``pairs`` pairs (no adaptive pairs) and no warm-up
+    runs: the warm-up, like the adaptive plan, is tested on the mock
+    (``test_runner_real.py``), and on a real server it would add two runs to each of these
+    evaluations in CI."""
+    return with_evaluation(loaded, repeats=pairs, max_repeats=None, warmup_runs=0)

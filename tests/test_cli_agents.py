@@ -174,6 +174,14 @@ class FakeWorkspaceEnv:
         return "submitted the workspace: 1 files"
 
 
+def launcher_env(tmp_path: Path, benchmarks: int, script: str = "#!/bin/sh\n") -> FakeWorkspaceEnv:
+    """A workspace task under ``tmp_path/ws`` whose folder holds a ``start_server.sh``."""
+    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=benchmarks)
+    env.workspace.root.mkdir()
+    (env.workspace.root / "start_server.sh").write_text(script)
+    return env
+
+
 def setup_for(tmp_path: Path, **kw: Any) -> SessionSetup:
     for name in ("ws", "bin", "home"):
         (tmp_path / name).mkdir(exist_ok=True)
@@ -720,9 +728,7 @@ def test_sessions_until_the_budget_is_spent(
 ) -> None:
     for var, value in SECRETS.items():
         monkeypatch.setenv(var, value)
-    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=3)
-    env.workspace.root.mkdir()
-    (env.workspace.root / "start_server.sh").write_text("#!/bin/sh\n")
+    env = launcher_env(tmp_path, 3)
     sessions = ProcessSessions(
         lambda i: [["benchmark", "--quick"], ["submit"]] if i == 0 else [["benchmark"]] * 2
     )
@@ -750,9 +756,7 @@ def test_sessions_until_the_budget_is_spent(
 def test_the_home_holds_the_adapters_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemini CLI's settings are in the mounted home when its session starts."""
     monkeypatch.setenv("GEMINI_API_KEY", REAL_KEY)
-    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=1)
-    env.workspace.root.mkdir()
-    (env.workspace.root / "start_server.sh").write_text("#!/bin/sh\n")
+    env = launcher_env(tmp_path, 1)
     seen: dict[str, str] = {}
 
     class Sessions(ProcessSessions):
@@ -963,9 +967,7 @@ def _docker_reachable() -> bool:
 def test_real_claude_code_session(tmp_path: Path) -> None:
     """One real Claude Code session in the servegym/cli-agents image against the real API,
     on a fake task: it should at least ask for the budget or a benchmark."""
-    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=1)
-    env.workspace.root.mkdir()
-    (env.workspace.root / "start_server.sh").write_text("#!/bin/sh\nexec sleep 1\n")
+    env = launcher_env(tmp_path, 1, "#!/bin/sh\nexec sleep 1\n")
     model = os.environ.get("SERVEGYM_TEST_CLAUDE_MODEL", "claude-sonnet-4-5")
     agent = make_cli_agent("claude-code", model, max_sessions=1, session_timeout_s=600)
     agent.trajectory_path = tmp_path / "trajectory.jsonl"
@@ -1011,9 +1013,7 @@ def test_an_environment_dump_keeps_no_key_or_token_in_the_trial_files(
     per-trial proxy token and control token it holds, like the real key, are redacted from
     the session's log and the trajectory before they are kept."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
-    env = FakeWorkspaceEnv(tmp_path / "ws", benchmarks=1)
-    env.workspace.root.mkdir()
-    (env.workspace.root / "start_server.sh").write_text("#!/bin/sh\n")
+    env = launcher_env(tmp_path, 1)
     held: dict[str, str] = {}
 
     class DumpingSessions(ProcessSessions):
