@@ -247,7 +247,12 @@ def _run(
         eng = eng.model_copy(update={"api_holds_burst": True})
     elif endpoint == "offline":
         eng = eng.model_copy(
-            update={"api_request_ms": 0.0, "api_per_token_us": 0.0, "api_latency_ms": 0.0}
+            update={
+                "api_request_ms": 0.0,
+                "api_per_token_us": 0.0,
+                "api_latency_ms": 0.0,
+                "api_chunk_us": 0.0,
+            }
         )
     key = (
         model,
@@ -602,6 +607,7 @@ FIT_PARAMS: tuple[Param, ...] = (
     Param("engine", ("vllm",), "api_request_ms", 2.0, 0.01, 100.0),
     Param("engine", ("vllm",), "api_per_token_us", 1.0, 0.01, 100.0),
     Param("engine", ("vllm",), "api_latency_ms", 5.0, 0.01, 200.0),
+    Param("engine", ("vllm",), "api_chunk_us", 40.0, 0.5, 500.0),
     Param("engine", ("vllm",), "attention_scale", 1.0, 0.1, 3.0),
     Param("engine", ("tensorrt-llm",), "step_overhead_ms", 1.4, 0.2, 8.0),
     Param("engine", ("tensorrt-llm",), "per_seq_overhead_us", 3.0, 0.5, 500.0),
@@ -628,6 +634,7 @@ BEFORE: dict[str, float] = {
     "vllm.api_request_ms": 0.0,
     "vllm.api_per_token_us": 0.0,
     "vllm.api_latency_ms": 0.0,
+    "vllm.api_chunk_us": 0.0,
     "vllm.attention_scale": 1.0,
     "tensorrt-llm.step_overhead_ms": 1.4,
     "tensorrt-llm.per_seq_overhead_us": 3.0,

@@ -161,7 +161,12 @@ def no_api_engine() -> EngineProfile:
     """The shipped vLLM engine profile without its API server, so requests reach the
     scheduler the moment they arrive (for tests of the scheduler's own order)."""
     return get_engine("vllm").model_copy(
-        update={"api_request_ms": 0.0, "api_per_token_us": 0.0, "api_latency_ms": 0.0}
+        update={
+            "api_request_ms": 0.0,
+            "api_per_token_us": 0.0,
+            "api_latency_ms": 0.0,
+            "api_chunk_us": 0.0,
+        }
     )
 
 

@@ -3,8 +3,10 @@ and how a sim task chooses the engine it simulates."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sim_support import hardware, metrics, model, run, simple_workload
 
@@ -175,3 +177,84 @@ def test_a_task_chooses_its_engine(tmp_path: Path) -> None:
     task_file.write_text(text.replace('engines = ["sim"]', 'engines = ["sim"]\nsim_engine = "tgi"'))
     with pytest.raises(UserError, match="sim_engine"):
         load_task_folder(folder)
+
+
+def _streaming(chunk_us: float, **fields: float | bool) -> EngineProfile:
+    """The shipped vLLM profile with a given streaming cost and no other API-server cost."""
+    base: dict[str, float | bool] = {
+        "api_request_ms": 0.0,
+        "api_per_token_us": 0.0,
+        "api_latency_ms": 0.0,
+        "api_chunk_us": chunk_us,
+    }
+    return _engine(**(base | fields))
+
+
+def test_streaming_bounds_open_streams_by_the_api_server() -> None:
+    """``api_chunk_us``: with n streams open on a fast model, every step's n chunks take the
+    API server n x chunk_us to send, so each stream's time per output token is at least that
+    (Little's law), whatever the GPU's step time; at no streaming cost it is the step's."""
+    n, chunk_us = 128, 200.0
+    wl = simple_workload([64] * n, [256] * n)
+    free = metrics(_launch(_streaming(0.0)), wl, noise=False)  # type: ignore[arg-type]
+    slow = metrics(_launch(_streaming(chunk_us)), wl, noise=False)  # type: ignore[arg-type]
+    assert free.tpot_ms.p50 < n * chunk_us / 1000 / 2, "the test's GPU steps must be faster"
+    assert slow.tpot_ms.p50 == pytest.approx(n * chunk_us / 1000, rel=0.05)
+    # the engine finished long before the last chunk was sent: the run ends at the sends
+    sent = n * 256 * chunk_us / 1e6
+    assert slow.duration_s == pytest.approx(sent, rel=0.05)
+
+
+def test_a_new_request_waits_behind_the_chunks_queued_before_it() -> None:
+    """One server takes requests in and sends chunks, in the order the work arrived: a
+    request sent while 64 streams are open waits for the chunks queued ahead of it (its TTFT
+    grows with the streaming cost), and one sent to an idle server does not."""
+    n = 64
+    prompts, outputs = [64] * n + [64], [400] * n + [8]
+    arrivals = [0.0] * n + [1.0]
+    wl = simple_workload(prompts, outputs, arrivals=arrivals)
+
+    def late_ttft_ms(chunk_us: float) -> float:
+        sim = run(_launch(_streaming(chunk_us)), wl, noise=False)  # type: ignore[arg-type]
+        late = [r for r in sim.records if r.request_id == f"{n}-0"]
+        return (late[0].first_token_ns - late[0].sent_ns) / 1e6
+
+    lone = simple_workload([64], [8])
+    lone_ttft = {
+        c: (lambda r: (r.first_token_ns - r.sent_ns) / 1e6)(
+            run(_launch(_streaming(c)), lone, noise=False).records[0]  # type: ignore[arg-type]
+        )
+        for c in (0.0, 300.0)
+    }
+    assert lone_ttft[300.0] - lone_ttft[0.0] == pytest.approx(0.3, abs=0.01), "one chunk"
+    # 64 chunks of 300 us are sent per step: the backlog a newcomer waits behind is ~19 ms
+    assert late_ttft_ms(300.0) - late_ttft_ms(0.0) > 10.0
+
+
+def test_streaming_cost_keeps_event_skipping_exact() -> None:
+    """The fast path sends a run of steps' chunks as one vector, with the requests that
+    arrive in between taken in order: the records match the step-by-step path's."""
+    eng = _launch(_streaming(150.0, api_request_ms=2.0, api_per_token_us=1.0), max_num_seqs=24)
+    wl = simple_workload(
+        [200 + (97 * i) % 900 for i in range(60)],
+        [100 + (61 * i) % 400 for i in range(60)],
+        arrivals=[0.03 * i for i in range(60)],
+    )
+    fast = run(eng, wl)  # type: ignore[arg-type]
+    slow = run(eng, wl, event_skipping=False)  # type: ignore[arg-type]
+    assert fast.stats.steps == slow.stats.steps
+    for a, b in zip(fast.records, slow.records, strict=True):
+        assert a.chunk_tokens == b.chunk_tokens
+        np.testing.assert_allclose(a.chunk_ns, b.chunk_ns, rtol=0, atol=2)
+
+
+def test_a_closed_loop_sends_its_next_request_when_the_last_chunk_arrives() -> None:
+    """The client of a closed loop sees a request end when its last chunk is sent, not when
+    the engine's step ended: each next request is sent at or after the previous one's end in
+    the records."""
+    wl = simple_workload([100] * 30, [32] * 30, concurrency=1)
+    sim = run(_launch(_streaming(2000.0)), wl, noise=False)  # type: ignore[arg-type]
+    recs = sorted(sim.records, key=lambda r: r.sent_ns)
+    for prev, nxt in itertools.pairwise(recs):
+        assert prev.done_ns is not None
+        assert nxt.sent_ns >= prev.done_ns

@@ -23,14 +23,16 @@ acceptance by its expectation (:mod:`.speculative`); decoding requests scheduled
 running prefill chunks (:mod:`.scheduler`); the step's CPU overhead added to its GPU time
 (no overlap from asynchronous scheduling); the API server as one queue that takes each
 request a fixed time plus a time per prompt token before the scheduler sees it (the engine
-profile's ``api_request_ms`` and ``api_per_token_us``, :mod:`.scheduler`); tokens streamed at
-the end of the step that made them, with no network or client latency on top; the
+profile's ``api_request_ms`` and ``api_per_token_us``, :mod:`.scheduler`) and, on the same
+queue, a fixed time per streamed chunk (``api_chunk_us``): tokens reach the client when the
+server has sent the chunk of the step that made them (at the step's end when it costs
+nothing), with no network or client latency on top; the
 activation reserve scaled with the token budget (:mod:`.launch`).
 
 Records are in virtual nanoseconds from the start of the run (the warm-up phase's start):
 ``scheduled_ns = sent_ns`` = arrival (the simulated client never lags), one chunk per engine
-step that yielded tokens for the request, ``first_token_ns`` = end of the step that produced
-the first token, ``done_ns = end_ns`` = the last token. Output counts are exact
+step that yielded tokens for the request, ``first_token_ns`` = when the chunk of the step that
+produced the first token was sent, ``done_ns = end_ns`` = the last token's. Output counts are exact
 (``recount_source = "token_ids"``): the engine produces the forced length.
 """
 
@@ -486,13 +488,13 @@ def _record(values: dict[str, object]) -> RequestRecord:
 def _records(sim: _Simulation, warmup_sessions: int) -> list[RequestRecord]:
     """Build every sent request's record from the step times and emission intervals.
 
-    Every request decoding in a step gets that step's end time: the timestamps are one
+    Every request decoding in a step gets that step's time: the timestamps are one
     Python int per step, shared by reference between the records' ``chunk_ns`` lists (list
     slices), so building records costs little more than one reference per token.
     """
     sched = sim.scheduler
     n = len(sim.P)
-    t_list = _step_end_ns(sched)
+    t_list = _emitted_ns(sched)
     d_list = _tokens_per_step(sched) if sched.spec else None
     ivs = _emission_intervals(sched)
 
@@ -538,9 +540,10 @@ def _records(sim: _Simulation, warmup_sessions: int) -> list[RequestRecord]:
     return out
 
 
-def _step_end_ns(sched: Scheduler) -> list[int]:
-    """Each step's end, in integer virtual nanoseconds (one Python int per step)."""
-    ns: list[int] = np.rint(sched.T[: sched.step] * NS).astype(np.int64).tolist()
+def _emitted_ns(sched: Scheduler) -> list[int]:
+    """When each step's tokens reached the client (its end, or with a streaming API server
+    when its chunks were sent), in integer virtual nanoseconds (one Python int per step)."""
+    ns: list[int] = np.rint(sched.emitted_at() * NS).astype(np.int64).tolist()
     return ns
 
 

@@ -80,17 +80,22 @@ class EngineProfile(_Data):
     The kernels' speed is the hardware profile's (bandwidth and compute efficiency); an
     engine scales them (``gemm_scale``, ``attention_scale``: its kernels and fusion) and adds
     host-side costs: the engine core's per-step work (``step_overhead_ms``), per-sequence
-    work that grows with the batch (``per_seq_overhead_us``: scheduling, sampling,
-    detokenizing and streaming each running request), the synchronisation of tensor-parallel
+    work that grows with the batch (``per_seq_overhead_us``: the engine core's scheduling,
+    sampling and output of each running request), the synchronisation of tensor-parallel
     workers once per step (``tp_step_overhead_ms``), and the API server every request passes
     through before it reaches the scheduler, one at a time (``api_request_ms`` plus
     ``api_per_token_us`` per prompt token: HTTP, chat template, tokenisation), and the
     latency of the serving path that holds no server (``api_latency_ms``: hand-offs between
     the client, the API server and the engine process, streaming the first token back),
-    added once to every request. ``api_holds_burst`` is how a server that preprocesses on
-    its event loop takes a burst (vLLM's chat endpoint, which renders the chat template
-    there): requests that arrive while it is busy reach the scheduler together, when it has
-    finished all of them, instead of one by one. Every number is fitted to published
+    added once to every request. ``api_chunk_us`` is the API server's work per streamed
+    chunk (output processing, detokenising and sending one request's tokens of one step):
+    it runs on the same server as the intake, in the order the work arrives, and a token
+    reaches the client only when its chunk has been sent, so many open streams make each
+    one slower and every new request waits behind the chunks before it.
+    ``api_holds_burst`` is how a server that preprocesses on its event loop takes a burst
+    (vLLM's chat endpoint, which renders the chat template there): requests that arrive
+    while it is busy reach the scheduler together, when it has finished all of them,
+    instead of one by one. Every number is fitted to published
     measurements by ``benchmarks/sim_calibration.py --fit``.
     """
 
@@ -113,6 +118,12 @@ class EngineProfile(_Data):
         default=0.0,
         ge=0,
         description="latency every request pays outside the serialised API server, ms",
+    )
+    api_chunk_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="API-server time per streamed output chunk (one request's tokens of one "
+        "step), serialised with the requests it takes in, microseconds",
     )
     api_holds_burst: bool = Field(
         default=False,

@@ -27,6 +27,13 @@ the last admitted, so the two orders differ only when the budget runs out mid-li
 server has taken it: one at a time, in arrival order, each for the engine profile's
 ``api_request_ms`` plus ``api_per_token_us`` per prompt token (HTTP handling, chat template,
 tokenisation), overlapped with the GPU's steps. A burst thus enters at the server's pace.
+With a streaming cost (``api_chunk_us``) the same server also sends every step's output:
+each request that yielded tokens in a step is one chunk, queued at the step's end behind the
+work already there (requests that arrived before it come first); a token's time in the
+records is when its chunk was sent, not when the step ended, and a closed loop's next
+request is sent when the last chunk was. The engine does not wait for the API server (vLLM's
+engine core runs in a process of its own): many open streams on a fast model make every
+stream slower than its steps, and a new request waits behind the chunks queued before it.
 
 **Step cost and time.** The step's tokens, contexts and sampled positions go to the
 :class:`~servegym.engines.sim.cost_model.CostModel`; noise scales it. Every token a step
@@ -205,7 +212,9 @@ class Scheduler:
         self.api_tok_s = eng.api_per_token_us * 1e-6
         self.api_lat_s = eng.api_latency_ms * 1e-3
         self.api_hold = eng.api_holds_burst
-        self.api = self.api_req_s > 0 or self.api_tok_s > 0
+        self.api_chunk_s = eng.api_chunk_us * 1e-6
+        self.stream = self.api_chunk_s > 0
+        self.api = self.api_req_s > 0 or self.api_tok_s > 0 or self.stream
         self.front: list[tuple[float, int, int]] = []
         self.api_free = 0.0
         self.P_list: list[int] = prompt_len.tolist()
@@ -218,6 +227,8 @@ class Scheduler:
         self.until: float | None = None
         self.step = 0
         self.T = np.zeros(4096, dtype=np.float64)
+        # With a streaming cost: when each step's chunks were sent (else T stands for it).
+        self.Dv = np.zeros(4096 if self.stream else 0, dtype=np.float64)
         # Emission intervals: request, first step, end step (exclusive), starts with prefill.
         self.iv_r: list[int] = []
         self.iv_lo: list[int] = []
@@ -245,12 +256,14 @@ class Scheduler:
             heapq.heappush(self.arrivals, (t, self._arrival_seq, r))
         self._arrival_seq += 1
 
-    def _pump(self) -> None:
-        """Pass the requests that reached the API server by :attr:`now` through it, in
-        arrival order: each enters the scheduler when the server has finished it (after the
-        ones before it). Only arrivals up to ``now`` are taken, so one added later with an
-        earlier time than a queued one (a closed loop's next request) still goes first."""
-        front, now = self.front, self.now
+    def _pump(self, upto: float | None = None) -> None:
+        """Pass the requests that reached the API server by :attr:`now` (or ``upto``)
+        through it, in arrival order: each enters the scheduler when the server has finished
+        it (after the work before it). Only arrivals up to then are taken, so one added
+        later with an earlier time than a queued one (a closed loop's next request) still
+        goes first."""
+        front = self.front
+        now = self.now if upto is None else upto
         taken: list[tuple[int, int]] = []
         while front and front[0][0] <= now:
             t, seq, r = heapq.heappop(front)
@@ -352,6 +365,52 @@ class Scheduler:
             grown = np.zeros(max(n, 2 * len(self.T)), dtype=np.float64)
             grown[: self.step] = self.T[: self.step]
             self.T = grown
+        if self.stream and n > len(self.Dv):
+            sent = np.zeros(len(self.T), dtype=np.float64)
+            sent[: self.step] = self.Dv[: self.step]
+            self.Dv = sent
+
+    def emitted_at(self) -> FloatArray:
+        """When each step's tokens reached the client: the chunk's send time with a
+        streaming cost, else the step's end."""
+        return self.Dv[: self.step] if self.stream else self.T[: self.step]
+
+    def _send_step(self, s: int, chunks: int) -> None:
+        """The API server sends step ``s``'s ``chunks`` streamed chunks: after the requests
+        that arrived during the step (pumped first) and the work queued before them."""
+        end = float(self.T[s])
+        if self.front and self.front[0][0] <= end:
+            self._pump(end)
+        done = max(end, self.api_free) + chunks * self.api_chunk_s
+        self.api_free = done
+        self.Dv[s] = done
+
+    def _send_run(self, s0: int, ends: FloatArray, chunks: int) -> None:
+        """:meth:`_send_step` for the steps ``s0 ..`` ending at ``ends``, each with ``chunks``
+        chunks: between two arrivals the sends follow ``d_j = max(e_j, d_{j-1}) + w``, which
+        is ``(j + 1) w + max(free, cummax(e_i - i w))`` as a vector."""
+        w = chunks * self.api_chunk_s
+        k = len(ends)
+        out = self.Dv[s0 : s0 + k]
+        j = 0
+        front = self.front
+        last = float(ends[k - 1])
+        while j < k:
+            if front and front[0][0] <= last:
+                a = front[0][0]
+                stop = j + int(ends[j:].searchsorted(a, side="left"))
+            else:
+                a, stop = None, k
+            if stop > j:
+                idx = np.arange(stop - j, dtype=np.float64) * w
+                d = np.maximum.accumulate(ends[j:stop] - idx)
+                np.maximum(d, self.api_free, out=d)
+                d += idx + w
+                out[j:stop] = d
+                self.api_free = float(d[-1])
+                j = stop
+            if a is not None:
+                self._pump(a)
 
     def _D(self, s: int) -> int:
         """Tokens a decoding request yields in global step ``s``."""
@@ -665,7 +724,7 @@ class Scheduler:
             self._register(r, lo, self.Pl[r] // self.B, all_blocks=True)
         self._release(r, nb)
         self.finished += 1
-        self.on_done(r, float(self.T[last_step]))
+        self.on_done(r, float(self.Dv[last_step] if self.stream else self.T[last_step]))
 
     def _finish_decodes(self, last_step: int) -> int:
         """Finish the decode-set members that yielded their last token; returns the tokens
@@ -792,6 +851,8 @@ class Scheduler:
         if m == 0 and not chunks:
             return False
         completes = self._run_step(s, m, chunks)
+        if self.stream:
+            self._send_step(s, m + sum(completes))
         self._emit_outputs(s, m, gap, chunks, completes)
         return True
 
@@ -1107,6 +1168,8 @@ class Scheduler:
         self.G = g0 + gk
         self._ensure_T(s0 + k)
         self.T[s0 : s0 + k] = ends[:k]
+        if self.stream:
+            self._send_run(s0, ends[:k], n)
         start_now = self.now
         self.now = float(ends[k - 1])
         self.step = s0 + k
