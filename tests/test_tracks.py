@@ -10,6 +10,8 @@ findings, the conclusion.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 from servegym.agents.base import BudgetExhausted
 from servegym.engines.config import ServingConfig
 from servegym.engines.knob_info import KnobInfo
-from servegym.errors import HarnessError
+from servegym.errors import BrokenTask, HarnessError
 from servegym.runner.environment import TrackEnvironment
 from servegym.runner.evaluation import evaluate, pair_order
 from servegym.scoring.integrity import Finding
@@ -254,3 +256,55 @@ def test_the_one_environment_works_a_stand_in_track(loaded: LoadedTask, tmp_path
     env.close()
     lines = (tmp_path / "experiments.jsonl").read_text().splitlines()
     assert len(lines) == 3 and env.measured_baseline() is not None
+
+
+class _TimedStarts:
+    """A session whose two starts each take 0.2 s of waiting, recording when they ran."""
+
+    def __init__(self, baseline_fails: bool = False) -> None:
+        self.spans: dict[str, tuple[float, float]] = {}
+        self.baseline_fails = baseline_fails
+        self.submission_cancelled = False
+
+    async def _start(self, role: str) -> StartedSide:
+        t0 = time.monotonic()
+        if role == "baseline" and self.baseline_fails:
+            await asyncio.sleep(0.01)
+            raise BrokenTask("the baseline does not start")
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            self.submission_cancelled = role == "submission"
+            raise
+        self.spans[role] = (t0, time.monotonic())
+        return StartedSide(up=True, startup_s=0.2)
+
+    async def start_baseline(self) -> StartedSide:
+        return await self._start("baseline")
+
+    async def start_submission(self, submission: Any) -> StartedSide:
+        return await self._start("submission")
+
+
+def test_the_two_sides_start_at_once() -> None:
+    """Nothing is measured while servers start: the baseline's and the submission's starts
+    overlap instead of queueing (on the cpu track each is 35-140 s)."""
+    from servegym.runner.evaluation import _start_both
+
+    session = _TimedStarts()
+    t0 = time.monotonic()
+    base, sub = asyncio.run(_start_both(session, object()))  # type: ignore[arg-type]
+    assert base.up and sub.up
+    assert time.monotonic() - t0 < 0.35, "the starts ran one after the other"
+    (b0, b1), (s0, s1) = session.spans["baseline"], session.spans["submission"]
+    assert s0 < b1 and b0 < s1
+
+
+def test_a_baseline_that_does_not_start_ends_the_submission_s_start() -> None:
+    from servegym.runner.evaluation import _start_both
+
+    session = _TimedStarts(baseline_fails=True)
+    with pytest.raises(BrokenTask):
+        asyncio.run(_start_both(session, object()))  # type: ignore[arg-type]
+    # the submission's start, still under way, was cancelled and awaited before the raise
+    assert session.submission_cancelled and "submission" not in session.spans

@@ -5,11 +5,11 @@ workload: the task's workload spec materialised with the hidden scoring seed
 (:func:`servegym.tasks.secrets.scoring_seed`), which no agent ever sees. The harness
 starts both sides itself (nothing of the agent phase carries over) and measures them in
 pairs, ``B, S`` then ``S, B`` (:func:`pair_order`), for ``task.evaluation.repeats`` repeats.
-The order (gates, baseline, submission, warm-up, pairs, checks of both live sides after the
-pairs, crash handling, accuracy, integrity, conclusion) is this module's; how a side starts
-and is measured is the track's (:mod:`servegym.tracks`). On every track each pair runs its own
-sample of the scoring workload (:func:`servegym.tracks.base.pair_seed`), so a trial's
-interval covers the workload's sample-to-sample variation as well as run noise.
+The order (gates, baseline and submission started together, warm-up, pairs, checks of both
+live sides after the pairs, crash handling, accuracy, integrity, conclusion) is this module's;
+how a side starts and is measured is the track's (:mod:`servegym.tracks`). On every track each
+pair runs its own sample of the scoring workload (:func:`servegym.tracks.base.pair_seed`), so
+a trial's interval covers the workload's sample-to-sample variation as well as run noise.
 
 Pair ``i`` gives the improvement ratio ``r_i`` of the objective
 (:func:`servegym.scoring.objectives.measurement_improvement`); the score is the geometric
@@ -32,6 +32,7 @@ records nothing). A submission whose server dies mid-evaluation is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -67,7 +68,14 @@ from servegym.tasks.loader import LoadedTask
 from servegym.tasks.secrets import stable_seed
 from servegym.tasks.spec import Task
 from servegym.tracks import track_for
-from servegym.tracks.base import Role, SampleInfo, SideCrashed, StartedSide, Track
+from servegym.tracks.base import (
+    EvaluationSession,
+    Role,
+    SampleInfo,
+    SideCrashed,
+    StartedSide,
+    Track,
+)
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(stage, done, total)`` during the evaluation."""
@@ -256,9 +264,9 @@ async def _evaluate(
     track: Track,
     progress: ProgressFn | None,
 ) -> Evaluation:
-    """Gates, baseline, submission, warm-up, pairs ``B, S, S, B, B, S, ...``, checks of
-    both live sides (``after_pairs``), crash handling, accuracy, integrity, conclusion: the
-    order every track follows."""
+    """Gates, baseline and submission (started together), warm-up, pairs ``B, S, S, B, B,
+    S, ...``, checks of both live sides (``after_pairs``), crash handling, accuracy,
+    integrity, conclusion: the order every track follows."""
     task = loaded.task
     session = track.evaluation(loaded, scoring_seed)
     info, summary = evaluation_header(task, session.sample)
@@ -268,10 +276,11 @@ async def _evaluate(
     crashed: str | None = None
     pairs: list[tuple[ObjectiveMeasurement, ObjectiveMeasurement | None]] = []
     try:
-        base = await session.start_baseline()
         if gate["integrity"].passed:
-            sub = await session.start_submission(submission)
+            base, sub = await _start_both(session, submission)
             gate["launch"] = gates.check_launch(sub.error)
+        else:
+            base = await session.start_baseline()
         up = sub is not None and sub.up
         n_pairs = task.evaluation.pair_limit if up else 1
         total = (task.evaluation.repeats if up else 1) * (2 if up else 1)
@@ -352,6 +361,26 @@ async def _evaluate(
         submission_side=submission_side,
         crashed=crashed,
     )
+
+
+async def _start_both(
+    session: EvaluationSession, submission: Any
+) -> tuple[StartedSide, StartedSide]:
+    """Start the baseline and the submission at once: nothing is measured while servers
+    start, and on the cpu track a start is mostly single-threaded imports and compiles
+    (35-140 s each), so the two overlap on the cores instead of queueing. Each side's
+    ``startup_s`` is then its start beside the other's. A baseline that does not start ends
+    the submission's start too (its server, if launched, is stopped by the session's
+    ``close``)."""
+    sub_start = asyncio.ensure_future(session.start_submission(submission))
+    try:
+        base = await session.start_baseline()
+    except BaseException:
+        sub_start.cancel()
+        with contextlib.suppress(BaseException):
+            await sub_start
+        raise
+    return base, await sub_start
 
 
 def pair_order(i: int) -> tuple[Role, Role]:

@@ -21,6 +21,7 @@ experiments (:class:`servegym.tracks.cpu_pipeline.CpuPipelineDevSession`) share:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sys
@@ -174,6 +175,10 @@ async def deploy(
             await d.stop()
             d.procs = []
             break
+        except asyncio.CancelledError:
+            # (the evaluation starts both sides at once and ends one whose baseline failed)
+            await d.stop()
+            raise
     return d
 
 
