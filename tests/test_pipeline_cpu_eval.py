@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,40 @@ def test_experiments_run_the_pipeline_on_the_dev_questions(tmp_path: Path) -> No
     assert not refused.ok and refused.launch_error is not None
     assert "block_size" in refused.launch_error
     env.close()
+
+
+def test_a_deployment_cancelled_mid_start_stops_the_servers_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The evaluation starts both sides at once and cancels the submission's start when the
+    baseline does not start: a deployment cancelled while its dedicated grader starts stops
+    the answer server it had already started, and the grader's launch too."""
+    servers: list[_HangingSecond] = []
+
+    class _HangingSecond:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.stopped = False
+            servers.append(self)
+
+        async def start(self) -> object:
+            if len(servers) > 1 and self is servers[1]:
+                await asyncio.sleep(3600)  # the grader's start, still under way
+            return object()
+
+        async def stop(self) -> None:
+            self.stopped = True
+
+    monkeypatch.setattr(deploy_module, "ManagedServer", _HangingSecond)
+    loaded = make_task(tmp_path, min_recall=0.0)
+    dedicated = ServingConfig(
+        extra_args=QUICK, pipeline=PipelineKnobs(concurrency=4, grade_server="dedicated")
+    )
+    engine = StandInEngine(tmp_path / "pid")
+
+    async def cancelled() -> None:
+        start = deploy_module.deploy(loaded, engine, MODEL, dedicated, tmp_path, "eval-submission")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(start, timeout=0.2)
+
+    asyncio.run(cancelled())
+    assert len(servers) == 2 and all(s.stopped for s in servers)

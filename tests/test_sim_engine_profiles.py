@@ -206,9 +206,11 @@ def test_streaming_bounds_open_streams_by_the_api_server() -> None:
 
 
 def test_a_new_request_waits_behind_the_chunks_queued_before_it() -> None:
-    """One server takes requests in and sends chunks, in the order the work arrived: a
-    request sent while 64 streams are open waits for the chunks queued ahead of it (its TTFT
-    grows with the streaming cost), and one sent to an idle server does not."""
+    """The chunks go out in the order the work arrived: a request sent while 64 streams are
+    open gets its first token only after the chunks queued ahead of it (its TTFT grows with
+    the streaming cost), and one sent to an idle server pays its own chunk alone. (That
+    the intake waits on the same queue is not asserted here: it moves when the engine
+    admits a request, which a request's own timestamps do not show.)"""
     n = 64
     prompts, outputs = [64] * n + [64], [400] * n + [8]
     arrivals = [0.0] * n + [1.0]
