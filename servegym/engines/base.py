@@ -205,6 +205,22 @@ class Engine(ABC):
         starts)."""
         return {}
 
+    def workspace_env(self, cache_home: str) -> dict[str, str]:
+        """Environment every process in a workspace sandbox of this engine gets by default (a
+        script's own exports win): its launch defaults (:meth:`default_env`) and its compile
+        caches in the workspace's own ``cache_home`` (``$HOME/.cache`` as the sandbox sees
+        it), never the harness's folders, which the sandbox cannot see."""
+        return self.default_env()
+
+    def seed_workspace_cache(self, cache: Path, *, evaluation: bool) -> None:
+        """Put in a new workspace's ``.cache`` (``cache``, a host folder) what the harness's
+        own launches built, copied: for an agent's workspace only what no config changes
+        (vLLM: its model-class inspection); for the final evaluation's fresh workspace
+        (``evaluation``), where no agent acts any more, also the harness's compile cache.
+        Nothing an agent wrote is ever carried: the submission is its files alone. Default:
+        nothing."""
+        return None
+
     def pinned_env(self) -> dict[str, str]:
         """Environment the harness pins on every launch and every workspace command of this
         engine (the hardware class a task is measured on): no config can change it."""

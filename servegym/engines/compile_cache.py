@@ -45,6 +45,25 @@ def harness_compile_cache(engine: str) -> Path:
     return servegym_home() / "compile-cache" / engine
 
 
+def copy_cache(source: Path, dest: Path, max_bytes: int | None = None) -> int:
+    """Copy the regular files under ``source`` into ``dest`` (links and special files are
+    left out), or nothing at all when they add up to more than ``max_bytes``; returns the
+    bytes copied. A torn file copied along is discarded before the start that would load it
+    (:func:`scrub`)."""
+    if source.is_symlink() or not source.is_dir():
+        return 0
+    files = [f for f in source.rglob("*") if f.is_file() and not f.is_symlink()]
+    total = sum(f.stat().st_size for f in files)
+    if max_bytes is not None and total > max_bytes:
+        log.info("compile cache: %s holds %d bytes, over %d: not copied", source, total, max_bytes)
+        return 0
+    for f in files:
+        target = dest / f.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+    return total
+
+
 def torn_reason(path: Path) -> str | None:
     """Why the binary at ``path`` is torn (an ELF file cut short), or ``None`` if sound.
 

@@ -55,7 +55,12 @@ def launcher_script(engine: Engine, config: ServingConfig, *, note: str = "") ->
     lines.append("set -euo pipefail")
     for key in spec.env_unset:
         lines.append(f"unset {key}")
+    # (the compile caches are the harness's folders, which a sandbox cannot see: a workspace
+    # gets its own from its environment, Engine.workspace_env)
+    harness_caches = engine.compile_cache_env()
     for key, value in sorted(spec.env.items()):
+        if key in harness_caches and value == harness_caches[key]:
+            continue
         lines.append(f"export {key}={shlex.quote(value)}")
     # one flag per line: easy to read, easy to edit
     parts: list[str] = []

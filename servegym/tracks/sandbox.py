@@ -29,7 +29,10 @@ def workspace_sandbox(
     *,
     isolation: Isolation = "auto",
 ) -> LocalSandbox:
-    return LocalSandbox(
+    """The sandbox of a workspace at ``root``: the engine's runtime, programs and pinned
+    environment, its launch defaults and compile caches inside the workspace's ``.cache``
+    (:meth:`~servegym.engines.base.Engine.workspace_env`)."""
+    sandbox = LocalSandbox(
         root,
         model=model,
         runtime_dirs=engine.runtime_dirs(),
@@ -38,16 +41,26 @@ def workspace_sandbox(
         isolation=isolation,
         env=engine.pinned_env(),
     )
+    defaults = engine.workspace_env(f"{sandbox.workspace_path}/.cache")
+    sandbox.extra_env = {**defaults, **sandbox.extra_env}
+    return sandbox
 
 
 def seed_workspace(sandbox: LocalSandbox, engine: Engine, baseline: ServingConfig) -> None:
-    """Write the task's baseline as the workspace's first ``start_server.sh``."""
+    """Write the task's baseline as the workspace's first ``start_server.sh``, and give its
+    ``.cache`` what the engine seeds there
+    (:meth:`~servegym.engines.base.Engine.seed_workspace_cache`)."""
     note = "This is the task's baseline. Change it (flags, environment, or the whole command)."
     sandbox.write_file(LAUNCHER, launcher_script(engine, baseline, note=note))
+    engine.seed_workspace_cache(sandbox.root / ".cache", evaluation=False)
 
 
-def fresh_workspace(snapshot: Path, dest: Path) -> Path:
-    """A fresh copy of a submitted snapshot at ``dest`` (anything there is removed first)."""
+def fresh_workspace(snapshot: Path, dest: Path, engine: Engine | None = None) -> Path:
+    """A fresh copy of a submitted snapshot at ``dest`` (anything there is removed first),
+    its ``.cache`` seeded by ``engine`` for an evaluation
+    (:meth:`~servegym.engines.base.Engine.seed_workspace_cache`)."""
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(snapshot, dest, symlinks=False)
+    if engine is not None:
+        engine.seed_workspace_cache(dest / ".cache", evaluation=True)
     return dest
