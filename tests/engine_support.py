@@ -10,6 +10,14 @@ from servegym.engines.capabilities import CapabilityTable, allowed_values
 from servegym.engines.config import ServingConfig
 
 
+def mock_model(folder: Path) -> ModelRef:
+    """A model folder for the stand-in (a ``config.json`` and nothing else), served as
+    ``mock``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    return ModelRef(path=str(folder), served_name="mock")
+
+
 class StandInEngine(Engine):
     """An engine whose server is the mock server (or a stand-in script), written to
     ``pid_file`` so a test can kill it; it accepts block_size 32 only. It serves a task's

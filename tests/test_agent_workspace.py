@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import StandInEngine
+from engine_support import StandInEngine, mock_model
 from test_llm_agent import serving
 
 from servegym.agents.base import LAUNCHER, BudgetExhausted, make_agent
@@ -34,10 +34,7 @@ def loaded() -> LoadedTask:
 
 @pytest.fixture
 def model(tmp_path: Path) -> ModelRef:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    return ModelRef(path=str(folder), served_name="mock")
+    return mock_model(tmp_path / "model")
 
 
 def make_env(

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from engine_support import StandInEngine
+from engine_support import StandInEngine, mock_model
 from test_agent_workspace import make_env
 
 from servegym.agents.base import LAUNCHER
@@ -35,10 +35,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def model(tmp_path: Path) -> ModelRef:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    return ModelRef(path=str(folder), served_name="mock")
+    return mock_model(tmp_path / "model")
 
 
 def test_the_baseline_launcher_names_no_harness_folder(home: Path) -> None:

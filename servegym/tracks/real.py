@@ -115,7 +115,12 @@ from servegym.tracks.base import (
 from servegym.tracks.dev import DevRun, DevSession, DevWorkloads, DevWorkspace, WallSecondsBudget
 from servegym.tracks.quality import QualityCheck
 from servegym.tracks.real_measure import measure_run, real_objective_problem, real_price
-from servegym.tracks.sandbox import fresh_workspace, seed_workspace, workspace_sandbox
+from servegym.tracks.sandbox import (
+    fresh_workspace,
+    seed_workspace,
+    workspace_engine_env,
+    workspace_sandbox,
+)
 from servegym.workloads.generate import materialise
 from servegym.workloads.model import Workload
 
@@ -213,10 +218,7 @@ class RealServerTrack(Track):
 
             return ContainerLauncherServer(
                 self.engine, sandbox.root, script, self.model, log_path,
-                env={
-                    **self.engine.workspace_env(f"{WORKSPACE}/.cache"),
-                    **self.engine.pinned_env(),
-                },
+                env=workspace_engine_env(self.engine, WORKSPACE),
                 start_timeout_s=self.start_timeout_s,
             )  # fmt: skip
         return ScriptServer(

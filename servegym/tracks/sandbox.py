@@ -39,11 +39,17 @@ def workspace_sandbox(
         tool_dirs=engine.tool_dirs(),
         network=task.agent_network,
         isolation=isolation,
-        env=engine.pinned_env(),
     )
-    defaults = engine.workspace_env(f"{sandbox.workspace_path}/.cache")
-    sandbox.extra_env = {**defaults, **sandbox.extra_env}
+    sandbox.extra_env = workspace_engine_env(engine, sandbox.workspace_path)
     return sandbox
+
+
+def workspace_engine_env(engine: Engine, workspace: str) -> dict[str, str]:
+    """What every process in a workspace (at ``workspace``, as its sandbox or container sees
+    it) gets of its engine: the launch defaults and compile caches under the workspace's
+    ``.cache`` (:meth:`~servegym.engines.base.Engine.workspace_env`), which its own exports
+    may change, and the pinned environment, which the harness checks was kept."""
+    return {**engine.workspace_env(f"{workspace}/.cache"), **engine.pinned_env()}
 
 
 def seed_workspace(sandbox: LocalSandbox, engine: Engine, baseline: ServingConfig) -> None:
